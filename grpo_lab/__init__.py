@@ -1,0 +1,1 @@
+"""grpo_lab: config-driven RL post-training experiments."""
