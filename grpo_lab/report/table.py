@@ -1,0 +1,415 @@
+"""Paper tables: one row per group, each cell mean ± 95 % CI over seeds; markdown and CSV.
+
+Every column is a function Run -> number (or None when the run did not log what it needs).
+Cells aggregate those numbers over the group's completed runs with `stats.mean_ci`. A missing
+metric makes a cell "–"; it never raises, because one odd run must not cost the whole table.
+
+Failed and incomplete runs are excluded from the means (their "final" accuracy is not a final
+accuracy) but are counted in every row ("3 ok / 1 failed") and listed with their errors.
+
+Columns are chosen by name (see COLUMNS and `default_columns`), plus generic ones written as
+"<agg>:<metric>" with agg in last | mean | max | min, e.g. "last:actor/clip_frac_high".
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .runs import Group, Run
+from .stats import first_reach, mean_ci
+
+ACC = "eval/accuracy"
+DASH = "–"  # en dash: the cell has no data
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading one number from one run
+# ---------------------------------------------------------------------------------------------
+
+
+def _num(v: Any) -> float | None:
+    """A metric value as float, or None if absent / not a number (bools count as numbers)."""
+    if v is None or isinstance(v, str):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def series(run: Run, metric: str, x: str = "step") -> tuple[list[float], list[float]]:
+    """(xs, ys) of `metric` over the run's metrics lines that contain it, x in {"step", "samples"}.
+
+    If a line has the metric but not the x key (e.g. an eval line that only logs "step"), x is
+    taken from another line with the same step.
+    """
+    x_by_step: dict[Any, float] = {}
+    for row in run.metrics:
+        if x in row and "step" in row and _num(row[x]) is not None:
+            x_by_step.setdefault(row["step"], float(row[x]))
+    xs, ys = [], []
+    for row in run.metrics:
+        y = _num(row.get(metric))
+        if y is None:
+            continue
+        xv = _num(row.get(x))
+        if xv is None:
+            xv = x_by_step.get(row.get("step"))
+        if xv is None:
+            continue
+        xs.append(xv)
+        ys.append(y)
+    return xs, ys
+
+
+def _values(run: Run, metric: str) -> list[float]:
+    return [v for v in (_num(row.get(metric)) for row in run.metrics) if v is not None]
+
+
+def final_value(run: Run, metric: str) -> float | None:
+    """summary.json "final" if the trainer wrote it there, else the metric's last logged value."""
+    v = _num(((run.summary or {}).get("final") or {}).get(metric))
+    if v is not None:
+        return v
+    vals = _values(run, metric)
+    return vals[-1] if vals else None
+
+
+def initial_value(run: Run, metric: str) -> float | None:
+    """summary.json "initial", else the value logged at step 0 (the pre-RL evaluation).
+
+    A first evaluation at a later step is not an initial value, so it is not used.
+    """
+    v = _num(((run.summary or {}).get("initial") or {}).get(metric))
+    if v is not None:
+        return v
+    for row in run.metrics:
+        if row.get("step") == 0 and _num(row.get(metric)) is not None:
+            return _num(row[metric])
+    return None
+
+
+def _mean_of(run: Run, metric: str) -> float | None:
+    vals = _values(run, metric)
+    return math.fsum(vals) / len(vals) if vals else None
+
+
+def _max_of(run: Run, metric: str) -> float | None:
+    vals = _values(run, metric)
+    return max(vals) if vals else None
+
+
+def _min_of(run: Run, metric: str) -> float | None:
+    vals = _values(run, metric)
+    return min(vals) if vals else None
+
+
+def _gain(run: Run) -> float | None:
+    final, initial = final_value(run, ACC), initial_value(run, ACC)
+    return None if final is None or initial is None else final - initial
+
+
+# ---------------------------------------------------------------------------------------------
+# Columns
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a column needs besides the run: the caller's target accuracy and x axis."""
+
+    target: float | None = None
+    x: str = "samples"
+
+
+@dataclass(frozen=True)
+class Column:
+    # key in `columns=` lists and prefix of the CSV columns
+    name: str
+    # markdown header; "{target}" is replaced by the target accuracy in percent
+    header: str
+    # per-run value; None = this run cannot say (metric not logged / target not reached)
+    value: Callable[[Run, Context], float | None]
+    # how to print it: pct (fraction as %), pp (difference of fractions, signed), count, float
+    fmt: str = "float"
+    # first-reach columns name their x ("samples" / "step"): None from a run then means "did not
+    # reach the target", and the cell says how many seeds did
+    reach_x: str | None = None
+
+
+def _reach(x: str) -> Callable[[Run, Context], float | None]:
+    def value(run: Run, ctx: Context) -> float | None:
+        if ctx.target is None:
+            return None
+        xs, ys = series(run, ACC, x)
+        return first_reach(xs, ys, ctx.target)
+
+    return value
+
+
+COLUMNS: dict[str, Column] = {
+    c.name: c
+    for c in [
+        Column("final_acc", "Final acc. (%)", lambda r, c: final_value(r, ACC), "pct"),
+        Column("best_acc", "Best acc. (%)", lambda r, c: _max_of(r, ACC), "pct"),
+        Column("gain", "Gain (pp)", lambda r, c: _gain(r), "pp"),
+        Column("samples_to_target", "Samples to {target}", _reach("samples"), "count", "samples"),
+        Column("steps_to_target", "Steps to {target}", _reach("step"), "count", "step"),
+        Column("step_time", "Time/step (s)", lambda r, c: _mean_of(r, "perf/step_time_s")),
+        Column(
+            "zero_adv_frac",
+            "Zero-adv. groups (%)",
+            lambda r, c: _mean_of(r, "rollout/zero_adv_group_frac"),
+            "pct",
+        ),
+        Column("final_entropy", "Final entropy", lambda r, c: final_value(r, "actor/entropy")),
+        Column(
+            "wrong_len",
+            "Wrong-answer len.",
+            lambda r, c: final_value(r, "eval/wrong_len_mean"),
+            "count",
+        ),
+        Column("steps", "Steps", lambda r, c: _num((r.summary or {}).get("steps")), "count"),
+        Column(
+            "wall_time_min",
+            "Wall time (min)",
+            lambda r, c: (
+                None
+                if _num((r.summary or {}).get("wall_time_s")) is None
+                else _num(r.summary["wall_time_s"]) / 60.0
+            ),
+        ),
+    ]
+}
+
+_GENERIC = {"last": final_value, "mean": _mean_of, "max": _max_of, "min": _min_of}
+
+
+def default_columns(target: float | None = None, x: str = "samples") -> list[str]:
+    """The paper-table default; the first-reach column only when a target is given."""
+    cols = ["final_acc", "best_acc", "gain"]
+    if target is not None:
+        cols.append("steps_to_target" if x == "step" else "samples_to_target")
+    return cols + ["step_time", "zero_adv_frac", "final_entropy", "wrong_len"]
+
+
+def resolve_column(name: str) -> Column:
+    """A named column, or a generic "<agg>:<metric>" one. Raises ValueError naming the options."""
+    if name in COLUMNS:
+        return COLUMNS[name]
+    agg, sep, metric = name.partition(":")
+    if sep and agg in _GENERIC and metric:
+        fn = _GENERIC[agg]
+        return Column(name, f"{agg} {metric}", lambda r, c, fn=fn, m=metric: fn(r, m))
+    raise ValueError(
+        f"unknown column {name!r}; use one of {', '.join(COLUMNS)} or '<agg>:<metric>' with agg in "
+        f"{'|'.join(_GENERIC)}, e.g. 'last:actor/clip_frac_high'"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Cells and formatting
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    mean: float
+    half: float  # CI half-width; nan when n < 2
+    n: int  # runs that contributed a value
+    of: int  # runs in the statistics (completed ones); for reach columns: runs that had evals
+
+
+def compute_cell(
+    column: Column, runs: Sequence[Run], ctx: Context, confidence: float = 0.95
+) -> Cell:
+    values = [column.value(r, ctx) for r in runs]
+    if column.reach_x and ctx.target is None:
+        of = 0  # no target asked for: the cell is "–", not "0/3 reached"
+    elif column.reach_x:
+        # seeds that never evaluated cannot have "not reached"; leave them out of the denominator
+        of = sum(bool(series(r, ACC, column.reach_x)[1]) for r in runs)
+    else:
+        of = len(runs)
+    mean, half, n = mean_ci(values, confidence)
+    return Cell(mean, half, n, of)
+
+
+def _decimals(x: float) -> int:
+    """Adaptive precision for free-form floats: 3 significant-ish digits, never fewer than 0."""
+    ax = abs(x)
+    return 0 if ax >= 100 else 1 if ax >= 10 else 2 if ax >= 1 else 3
+
+
+def format_pm(mean: float, half: float, fmt: str) -> str:
+    """"52.3 ± 3.1" style text for one mean/half-width pair."""
+    if math.isnan(mean):
+        return "nan"
+    if fmt in ("pct", "pp"):
+        m, h, spec = mean * 100, half * 100, ".1f"
+    elif fmt == "count":
+        m, h, spec = mean, half, ",.0f"
+    else:
+        d = _decimals(mean)
+        m, h, spec = mean, half, f",.{d}f"
+    mtxt = f"{m:+{spec}}" if fmt == "pp" else f"{m:{spec}}"
+    htxt = "n/a" if math.isnan(h) else f"{h:{spec}}"
+    return f"{mtxt} ± {htxt}"
+
+
+def format_cell(cell: Cell, column: Column) -> str:
+    if column.reach_x:
+        if cell.of == 0:
+            return DASH
+        head = DASH if cell.n == 0 else format_pm(cell.mean, cell.half, column.fmt)
+        return f"{head} ({cell.n}/{cell.of} reached)"
+    if cell.n == 0:
+        return DASH
+    text = format_pm(cell.mean, cell.half, column.fmt)
+    # say when fewer seeds than the row's completed runs back this number
+    return text if cell.n == cell.of else f"{text} (n={cell.n})"
+
+
+def _runs_text(group: Group) -> str:
+    text = f"{group.n_ok} ok / {group.n_failed} failed"
+    return text + (f" / {group.n_incomplete} incomplete" if group.n_incomplete else "")
+
+
+def _md_escape(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+# ---------------------------------------------------------------------------------------------
+# Table
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    groups: list[Group]
+    keys: list[str]  # grouping keys (one markdown/CSV column each)
+    columns: list[Column]
+    cells: list[list[Cell]]  # [group][column]
+    ctx: Context
+    confidence: float
+
+
+def build_table(
+    groups: Sequence[Group],
+    keys: Sequence[str],
+    columns: Sequence[str] | None = None,
+    *,
+    target: float | None = None,
+    x: str = "samples",
+    confidence: float = 0.95,
+    include_incomplete: bool = False,
+) -> Table:
+    ctx = Context(target, x)
+    cols = [resolve_column(c) for c in (columns or default_columns(target, x))]
+    cells = [
+        [compute_cell(c, g.runs_for_stats(include_incomplete), ctx, confidence) for c in cols]
+        for g in groups
+    ]
+    return Table(list(groups), list(keys), cols, cells, ctx, confidence)
+
+
+def _header(col: Column, ctx: Context) -> str:
+    target = "target" if ctx.target is None else f"{ctx.target * 100:g}%"
+    return col.header.replace("{target}", target)
+
+
+def table_markdown(table: Table) -> str:
+    """The table alone (GitHub markdown), one row per group."""
+    key_cols = table.keys or ["Group"]
+    head = key_cols + ["Runs"] + [_header(c, table.ctx) for c in table.columns]
+    lines = [
+        "| " + " | ".join(_md_escape(h) for h in head) + " |",
+        "|" + "|".join(["---"] * len(key_cols) + ["---"] + ["---:"] * len(table.columns)) + "|",
+    ]
+    for group, cells in zip(table.groups, table.cells):
+        keys = [group.values[k] for k in table.keys] if table.keys else [group.label]
+        row = keys + [_runs_text(group)] + [format_cell(c, col) for c, col in zip(cells, table.columns)]
+        lines.append("| " + " | ".join(_md_escape(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _short_error(error: str | None) -> str:
+    """One line of an error: a traceback's last line (the exception), else its first line."""
+    if not error:
+        return "(no error message recorded)"
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    line = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def failed_runs_markdown(groups: Sequence[Group], include_incomplete: bool = False) -> str:
+    """The "Failed runs" section (empty string when every run completed)."""
+    items = []
+    for g in groups:
+        for r in g.runs:
+            if not r.ok:
+                items.append(
+                    f"- `{r.name}` ({_md_escape(g.label)}; `{r.path}`): **{r.status}** — "
+                    f"{_md_escape(_short_error(r.error))}"
+                )
+    if not items:
+        return ""
+    excluded = "Failed runs are" if include_incomplete else "These runs are"
+    return f"## Failed runs\n\n{excluded} excluded from the means above.\n\n" + "\n".join(items)
+
+
+def warnings_markdown(groups: Sequence[Group]) -> str:
+    items = [f"- `{r.name}` (`{r.path}`): {w}" for g in groups for r in g.runs for w in r.warnings]
+    return "## Data warnings\n\n" + "\n".join(items) if items else ""
+
+
+def write_csv(table: Table, path: str | Path) -> Path:
+    """One row per group, raw units (accuracies as fractions), separate mean / ci / n columns.
+
+    <col>_ci95 is the CI half-width (empty when n < 2); <col>_of is how many runs could have
+    contributed (for first-reach columns: <col>_n reached out of <col>_of).
+    """
+    path = Path(path)
+    ci = f"ci{round(table.confidence * 100):d}"
+    head = ["group"] + list(table.keys) + ["n_ok", "n_failed", "n_incomplete", "seeds"]
+    for c in table.columns:
+        head += [f"{c.name}_mean", f"{c.name}_{ci}", f"{c.name}_n", f"{c.name}_of"]
+
+    def num(v: float) -> str:
+        return "" if math.isnan(v) else repr(float(v))
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(head)
+        for g, cells in zip(table.groups, table.cells):
+            seeds = " ".join(str(r.seed) for r in g.runs_for_stats() if r.seed is not None)
+            row: list[Any] = [g.label] + [g.values[k] for k in table.keys]
+            row += [g.n_ok, g.n_failed, g.n_incomplete, seeds]
+            for cell in cells:
+                # n = 0 gives mean nan too; a diverged (NaN) seed with n > 0 is written as "nan"
+                mean = "" if cell.n == 0 else ("nan" if math.isnan(cell.mean) else num(cell.mean))
+                row += [mean, num(cell.half), cell.n, cell.of]
+            w.writerow(row)
+    return path
+
+
+def write_runs_csv(groups: Sequence[Group], columns: Sequence[Column], ctx: Context, path) -> Path:
+    """One row per run (every status), with each column's per-run value: the table's raw data."""
+    path = Path(path)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["group", "run", "path", "status", "seed", "error"] + [c.name for c in columns])
+        for g in groups:
+            for r in g.runs:
+                vals = [column.value(r, ctx) for column in columns]
+                w.writerow(
+                    [g.label, r.name, str(r.path), r.status, "" if r.seed is None else r.seed,
+                     _short_error(r.error) if not r.ok else ""]
+                    + ["" if v is None else repr(float(v)) for v in vals]
+                )
+    return path
