@@ -1,0 +1,49 @@
+"""Per-token estimators of KL(pi || pi_ref) from sampled tokens (Schulman, "Approximating KL
+Divergence", http://joschu.net/blog/kl-approx.html).
+
+Every estimator is ``fn(logprobs [N, T], ref_logprobs [N, T]) -> [N, T]``: the per-token estimate
+at the sampled token, for tokens sampled from pi. Masking and aggregation are the caller's job
+(use ``aggregation.aggregate``), so the same estimate serves as a loss term (GRPO) or as an
+in-reward penalty (PPO / REINFORCE++).
+
+With log-ratio x = logp_ref - logp = log(pi_ref / pi):
+    k1 = -x                    unbiased, high variance, can be negative per token
+    k2 = 0.5 * x^2             biased, low variance, >= 0
+    k3 = exp(x) - x - 1        unbiased, low variance, >= 0  (GRPO eq. 4, arXiv 2402.03300)
+
+Departure: k3 clamps x to [-20, 20] before exp (as verl does) so one token with a huge log-ratio
+cannot overflow to inf; inside that range the value is exact. k1 and k2 are not clamped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._utils import LOG_RATIO_CLAMP
+from .registry import Registry
+
+KL_ESTIMATORS = Registry("KL estimator")
+
+
+@KL_ESTIMATORS.register("k1")
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k1 = logp - logp_ref.  Shapes: [N, T], [N, T] -> [N, T]."""
+    return logprobs - ref_logprobs
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k2 = 0.5 * (logp - logp_ref)^2.  Shapes: [N, T], [N, T] -> [N, T]."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """k3 = exp(logp_ref - logp) - (logp_ref - logp) - 1 (GRPO eq. 4, arXiv 2402.03300).
+
+    The log-ratio is clamped to [-20, 20] for numerical safety (see the module docstring).
+    Shapes: [N, T], [N, T] -> [N, T].
+    """
+    x = (ref_logprobs - logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(x) - x - 1.0
