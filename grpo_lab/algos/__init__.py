@@ -1,1 +1,78 @@
+"""Pure RL post-training math: tensors in, tensors + metrics out (no config, no I/O, no state).
 
+One registry per concept; dispatch by name only through them:
+
+    ADVANTAGE_ESTIMATORS  group_zscore, group_mean, group_mean_batch_std, rloo, reinforce_pp, gae
+    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg
+    KL_ESTIMATORS         k1, k2, k3
+    AGGREGATIONS          token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm
+"""
+
+from .advantages import (
+    ADVANTAGE_ESTIMATORS,
+    gae,
+    group_mean,
+    group_mean_batch_std,
+    group_zscore,
+    reinforce_pp,
+    rloo,
+)
+from .aggregation import AGGREGATIONS, aggregate
+from .entropy import entropy_from_logits
+from .kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
+from .policy_losses import (
+    POLICY_LOSSES,
+    clipped_surrogate,
+    gspo,
+    gspo_token,
+    logprob_mismatch_metrics,
+    truncated_is_weights,
+    vanilla_pg,
+)
+from .preference import dpo_loss, group_preference_pairs, sequence_logps
+from .registry import Registry, UnknownChoiceError
+from .shaping import (
+    best_of_group_mask,
+    ema_reward_normalize,
+    group_stats,
+    informative_group_mask,
+    linear_warmup,
+    soft_overlong_penalty,
+)
+from .value_losses import clipped_value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "Registry",
+    "UnknownChoiceError",
+    "aggregate",
+    "best_of_group_mask",
+    "clipped_surrogate",
+    "clipped_value_loss",
+    "dpo_loss",
+    "ema_reward_normalize",
+    "entropy_from_logits",
+    "gae",
+    "group_mean",
+    "group_mean_batch_std",
+    "group_preference_pairs",
+    "group_stats",
+    "group_zscore",
+    "gspo",
+    "gspo_token",
+    "informative_group_mask",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "linear_warmup",
+    "logprob_mismatch_metrics",
+    "reinforce_pp",
+    "rloo",
+    "sequence_logps",
+    "soft_overlong_penalty",
+    "truncated_is_weights",
+    "vanilla_pg",
+]

@@ -1,0 +1,308 @@
+"""Policy losses: per-token loss matrices (aggregation is the caller's, see ``aggregation.py``).
+
+Every loss is::
+
+    fn(logprobs [N, T], old_logprobs [N, T], advantages [N, T], response_mask [N, T], *,
+       clip_low: float, clip_high: float, dual_clip: float | None = None,
+       is_weights: Tensor [N, T] | None = None)
+      -> (loss_mat [N, T], metrics dict[str, scalar Tensor])
+
+``logprobs`` carry the gradient; ``old_logprobs`` are the learner's log-probs under the policy
+that sampled the batch (detached). ``loss_mat`` is 0 on masked positions, and masked inputs
+never reach it. ``is_weights`` (e.g. :func:`truncated_is_weights`) multiplies the per-token loss.
+Metrics are detached means over this call's real tokens: ``clip_frac_low`` / ``clip_frac_high``
+(the clipped term is the one the min picks, at the lower / upper bound), ``dual_clip_frac``,
+``ratio_mean``, ``ppo_kl`` (mean of old - new log-prob).
+
+Departures / choices:
+
+* Log-ratios are clamped to [-20, 20] before exp() (verl does the same), so one token with a
+  huge ratio cannot overflow; inside the range values are exact. The clamp kills the gradient
+  only where the ratio is e^20 away from 1, far outside any clip range.
+* ``gspo`` / ``gspo_token`` take the advantage per token (the learner broadcasts the sequence
+  advantage), so they also run with token-level advantages; with sequence-constant advantages
+  and ``seq_mean_token_mean`` aggregation they give the paper's objective exactly.
+* ``vanilla_pg`` accepts and ignores the clip arguments, so all losses share one signature.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
+from .kl import kl_k3
+from .registry import Registry
+
+POLICY_LOSSES = Registry("policy loss")
+
+
+def _check_shapes(**tensors: Tensor | None) -> None:
+    shapes = {k: tuple(v.shape) for k, v in tensors.items() if v is not None}
+    if len(set(shapes.values())) != 1 or len(next(iter(shapes.values()))) != 2:
+        raise ValueError(f"policy-loss inputs must all be [N, T]; got {shapes}")
+
+
+def _zero(x: Tensor) -> Tensor:
+    return torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def _clean(x: Tensor, mask: Tensor) -> Tensor:
+    """Replace masked positions by 0 so garbage there reaches neither values nor gradients."""
+    return torch.where(mask, x, _zero(x))
+
+
+def _clipped_objective(
+    ratio: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's pessimistic clipped surrogate as a loss, per token, with optional dual clip.
+
+        L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))               (PPO eq. 7, 1707.06347)
+        L = min(L, -A c)   for A < 0, c = dual_clip > 1                       (dual clip, 1912.09729)
+
+    Shapes: ratio, advantages, bool mask [N, T] -> (loss [N, T] unmasked, metrics).
+    """
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    pg_unclipped = -advantages * ratio
+    pg_clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(pg_unclipped, pg_clipped)
+    # The clipped term is chosen (strictly larger loss) only when the ratio has left the trust
+    # region in the direction the advantage pushes it: r > 1 + clip_high with A > 0 (upper bound),
+    # r < 1 - clip_low with A < 0 (lower bound). There its gradient is 0.
+    clipped = pg_clipped > pg_unclipped
+    metrics = {
+        "clip_frac_low": masked_mean((clipped & (ratio < 1.0)).to(ratio.dtype), mask).detach(),
+        "clip_frac_high": masked_mean((clipped & (ratio > 1.0)).to(ratio.dtype), mask).detach(),
+    }
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1 (Ye et al. use 3), got {dual_clip}")
+        # For A < 0 a huge ratio makes -A r unbounded; dual clip caps the loss at -A c.
+        cap = -advantages * dual_clip
+        dual = (advantages < 0) & (cap < loss)
+        loss = torch.where(dual, cap, loss)
+        metrics["dual_clip_frac"] = masked_mean(dual.to(ratio.dtype), mask).detach()
+    return loss, metrics
+
+
+def _finish(
+    loss: Tensor,
+    mask: Tensor,
+    is_weights: Tensor | None,
+    log_ratio: Tensor,
+    metrics: dict[str, Tensor],
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Apply IS weights and the mask; add the ratio metrics."""
+    if is_weights is not None:
+        loss = loss * _clean(is_weights.to(loss.dtype), mask)
+    loss = _clean(loss, mask)
+    lr = log_ratio.detach()
+    metrics["ratio_mean"] = masked_mean(torch.exp(lr), mask)
+    metrics["ppo_kl"] = masked_mean(-lr, mask)
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("clipped_surrogate")
+def clipped_surrogate(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO / GRPO clipped surrogate with asymmetric clip and optional dual clip, per token.
+
+        r_t = exp(logp_t - logp_old_t)
+        L_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
+        L_t = min(L_t, -A_t c)   if A_t < 0 and dual_clip c is given
+
+    PPO: arXiv 1707.06347 (clip_low = clip_high = 0.2); GRPO: 2402.03300; clip-higher (DAPO,
+    2503.14476: clip_low 0.2, clip_high 0.28) decouples the two bounds so low-probability tokens
+    can grow; dual clip: Ye et al., arXiv 1912.09729 (c = 3).
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
+                  response_mask=response_mask, is_weights=is_weights)
+    mask = as_bool_mask(response_mask)
+    log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)  # [N, T]
+    adv = _clean(advantages.to(ratio.dtype), mask)
+    loss, metrics = _clipped_objective(ratio, adv, mask, clip_low, clip_high, dual_clip)
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
+
+
+def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """log s_i = mean over real tokens of (logp - logp_old), clamped. [N, T] -> [N]."""
+    token_lr = _clean(logprobs - old_logprobs, mask)
+    lengths = mask.sum(-1).clamp(min=1).to(token_lr.dtype)
+    return (token_lr.sum(-1) / lengths).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: Group Sequence Policy Optimization, sequence-level ratio (arXiv 2507.18071).
+
+        s_i   = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(1/|y_i| sum_t (logp_t - logp_old_t))
+        L_i,t = max(-A_i,t s_i, -A_i,t clip(s_i, 1 - clip_low, 1 + clip_high))
+
+    The loss of sequence i is broadcast over its real tokens, so ``seq_mean_token_mean``
+    aggregation gives the paper's objective 1/G sum_i min(s_i A_i, clip(s_i) A_i). The paper clips
+    far tighter than PPO because s_i is a length-normalised ratio: clip_low 3e-4, clip_high 4e-4.
+    Clip metrics count tokens of clipped sequences.
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
+                  response_mask=response_mask, is_weights=is_weights)
+    mask = as_bool_mask(response_mask)
+    seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask)  # [N]
+    log_ratio = _clean(seq_lr[:, None].expand_as(logprobs), mask)  # [N, T]
+    ratio = torch.exp(log_ratio)
+    adv = _clean(advantages.to(ratio.dtype), mask)
+    loss, metrics = _clipped_objective(ratio, adv, mask, clip_low, clip_high, dual_clip)
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
+
+
+@POLICY_LOSSES.register("gspo_token")
+def gspo_token(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO-token: sequence-level ratio value, token-level gradient (arXiv 2507.18071).
+
+        s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] = exp(logp_t - sg[logp_t] + sg[log s_i])
+        L_i,t = max(-A_i,t s_i,t, -A_i,t clip(s_i,t, 1 - clip_low, 1 + clip_high))
+
+    s_i,t equals s_i in value (so clipping acts on whole sequences, as in GSPO), but its gradient
+    flows only through token t: d s_i,t / d logp_t = s_i. With advantages constant over each
+    sequence and ``seq_mean_token_mean`` aggregation the gradient equals ``gspo``'s; with
+    token-level advantages (e.g. multi-turn credit assignment) each token gets its own.
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
+                  response_mask=response_mask, is_weights=is_weights)
+    mask = as_bool_mask(response_mask)
+    seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # sg[log s_i] [N]
+    token_grad_path = _clean(logprobs - logprobs.detach(), mask)  # value 0, gradient 1 [N, T]
+    log_ratio = _clean(token_grad_path + seq_lr[:, None], mask)  # value log s_i [N, T]
+    ratio = torch.exp(log_ratio)
+    adv = _clean(advantages.to(ratio.dtype), mask)
+    loss, metrics = _clipped_objective(ratio, adv, mask, clip_low, clip_high, dual_clip)
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
+
+
+@POLICY_LOSSES.register("vanilla_pg")
+def vanilla_pg(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Plain REINFORCE policy gradient for strictly on-policy updates (Williams 1992).
+
+        L_t = -A_t logp_t
+
+    Only its gradient -A grad logp is meaningful (the value is not a surrogate of anything).
+    On-policy with one update per batch (mu = 1) the ratio is exactly 1, and then the clipped
+    surrogate has this same gradient: d(-A r)/d theta = -A r grad logp = -A grad logp at r = 1, and
+    no clip is active. Use it only when the batch is on-policy; clip arguments are ignored, and
+    the clip metrics are 0. ``ratio_mean`` is still reported, to detect off-policy use.
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
+                  response_mask=response_mask, is_weights=is_weights)
+    mask = as_bool_mask(response_mask)
+    logp = _clean(logprobs, mask)
+    adv = _clean(advantages.to(logp.dtype), mask)
+    loss = -adv * logp
+    log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    zero = _zero(logp)
+    metrics = {"clip_frac_low": zero.clone(), "clip_frac_high": zero.clone()}
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
+
+
+def truncated_is_weights(
+    learner_old_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    response_mask: Tensor,
+    cap: float,
+) -> Tensor:
+    """Truncated importance-sampling weights for rollout-engine / learner mismatch (TIS).
+
+        w_t = min(pi_learner_old(y_t) / pi_sampler(y_t), cap) = min(exp(logp_learner - logp_sampler), cap)
+
+    The sampler (e.g. vLLM in bf16) and the learner compute slightly different probabilities, so
+    "on-policy" data is in fact off-policy; reweighting by the truncated ratio corrects most of it
+    (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
+    Detached (a weight, not a gradient path); 0 on masked positions.
+
+    Shapes: learner_old_logprobs, sampler_logprobs, response_mask [N, T] -> [N, T].
+    """
+    if cap <= 0:
+        raise ValueError(f"TIS cap must be > 0 (Yao et al. use 2), got {cap}")
+    mask = as_bool_mask(response_mask)
+    log_ratio = _clean(learner_old_logprobs - sampler_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return _clean(torch.exp(log_ratio).clamp(max=cap), mask).detach()
+
+
+def logprob_mismatch_metrics(
+    learner_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    response_mask: Tensor,
+) -> dict[str, Tensor]:
+    """How far the sampler's log-probs are from the learner's, over real tokens.
+
+    Returns detached scalars: ``logprob_abs_diff_mean``, ``logprob_abs_diff_max`` (0 if no real
+    token) and ``kl_k3``: the k3 estimate of KL(pi_sampler || pi_learner), the right direction
+    since the tokens were sampled from the sampler.
+
+    Shapes: learner_logprobs, sampler_logprobs, response_mask [N, T].
+    """
+    mask = as_bool_mask(response_mask)
+    learner = _clean(learner_logprobs.detach(), mask)
+    sampler = _clean(sampler_logprobs.detach(), mask)
+    abs_diff = (learner - sampler).abs()  # 0 on padding
+    return {
+        "logprob_abs_diff_mean": masked_mean(abs_diff, mask),
+        "logprob_abs_diff_max": abs_diff.max() if abs_diff.numel() else _zero(abs_diff),
+        "kl_k3": masked_mean(kl_k3(sampler, learner), mask),
+    }
