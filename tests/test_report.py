@@ -263,6 +263,9 @@ def test_find_run_dirs_natural_order_and_globs(tmp_path):
     # a glob and a directory that overlap: each run counted once
     both = find_run_dirs([str(tmp_path / "sweep" / "*"), tmp_path / "sweep"])
     assert len(both) == 4
+    # the search stops at a run dir: files below it (checkpoints, eval dumps) are not new runs
+    write_run(tmp_path / "sweep" / "0" / "checkpoints" / "step_1", metrics=[{"step": 1}])
+    assert len(find_run_dirs([tmp_path / "sweep"])) == 4
 
 
 def test_grouping_by_varying_overrides_excludes_seed(sweep):
@@ -382,6 +385,22 @@ def test_png_written(sweep, tmp_path):
     assert png.stat().st_size > 1000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![learning curves](t.png)" in res["markdown"]
+
+
+def test_steps_axis_and_include_incomplete(sweep, tmp_path):
+    res = build_report(sweep, tmp_path / "t", target=0.6, x="step", columns=None,
+                       include_incomplete=True)
+    md = res["markdown"]
+    assert md_row(md, "algorithm")[5] == "Steps to 60%"
+    # grpo reached 0.6 at steps 2 and 1: mean 1.5, s = 0.707107,
+    # half = 12.706205 · 0.707107/√2 = 6.353103 -> small non-integer mean keeps one decimal
+    assert md_row(md, "grpo")[5] == "1.5 ± 6.4 (2/3 reached)"
+    # the crashed dapo seed now counts: final 0.8 (ok seed) and 0.9 (last logged value)
+    # mean 0.85, s = 0.070711, half = 12.706205 · 0.05 = 0.635310 -> 85.0 ± 63.5 (n=2)
+    assert md_row(md, "dapo")[2] == "85.0 ± 63.5"
+    # the failed seed still does not count
+    assert md_row(md, "dapo")[1] == "1 ok / 1 failed / 1 incomplete"
+    assert "Failed runs are excluded" in md
 
 
 def test_missing_metrics_never_crash(tmp_path):

@@ -29,18 +29,22 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m grpo_lab.report",
         description="Turn run directories into a paper table (markdown + CSV) and learning curves, "
-        "with mean ± 95%% CI over seeds. Reads only local files (wandb may be off).",
+        "with mean ± 95% CI over seeds. Reads only local files (wandb may be off).",
     )
-    p.add_argument("paths", nargs="+", help="sweep or run directories, or quoted globs (searched recursively)")
-    p.add_argument("--out", required=True, help="output stem, e.g. tables/dapo_vs_grpo -> .md/.csv/.png")
-    p.add_argument("--group-by", help="comma-separated dotted config keys (default: overrides that vary, minus seed)")
-    p.add_argument("--ignore", help="comma-separated override keys to leave out of automatic grouping")
-    p.add_argument("--target", type=float, help="target accuracy as a fraction (0.6) for samples-to-target")
-    p.add_argument("--x", default="samples", choices=["samples", "step", "steps"], help="x axis (default: samples)")
-    p.add_argument("--metric", default="eval/accuracy", help="metric to plot (default: eval/accuracy)")
+    p.add_argument(
+        "paths", nargs="+", help="sweep or run directories, or quoted globs (searched recursively)"
+    )
+    p.add_argument("--out", required=True, help="output stem: tables/x -> x.md, x.csv, x.png")
+    p.add_argument(
+        "--group-by", help="comma-separated dotted config keys (default: varying overrides but seed)"
+    )
+    p.add_argument("--ignore", help="comma-separated override keys to leave out of grouping")
+    p.add_argument("--target", type=float, help="target accuracy as a fraction, e.g. 0.6")
+    p.add_argument("--x", default="samples", choices=["samples", "step", "steps"], help="x axis")
+    p.add_argument("--metric", default="eval/accuracy", help="metric to plot")
     p.add_argument(
         "--columns",
-        help=f"comma-separated columns; names: {', '.join(COLUMNS)}, or <last|mean|max|min>:<metric>",
+        help=f"comma-separated columns: {', '.join(COLUMNS)}, or <last|mean|max|min>:<metric>",
     )
     p.add_argument("--title", help="markdown title (default: the --out name)")
     p.add_argument("--command", help="command shown in the header (default: this command line)")

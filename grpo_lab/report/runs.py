@@ -64,6 +64,8 @@ class Run:
     def name(self) -> str:
         if self.summary and self.summary.get("run_name"):
             return str(self.summary["run_name"])
+        if self.config.get("run_name"):  # an incomplete run has no summary, but its config names it
+            return str(self.config["run_name"])
         # a Hydra multirun job dir is just a number; its sweep dir name makes it findable
         if self.path.name.isdigit():
             return f"{self.path.parent.name}/{self.path.name}"

@@ -253,7 +253,9 @@ def format_pm(mean: float, half: float, fmt: str) -> str:
     if fmt in ("pct", "pp"):
         m, h, spec = mean * 100, half * 100, ".1f"
     elif fmt == "count":
-        m, h, spec = mean, half, ",.0f"
+        # whole numbers, except a small non-integer mean (1.5 steps) that rounding would distort
+        d = 1 if abs(mean) < 100 and not float(mean).is_integer() else 0
+        m, h, spec = mean, half, f",.{d}f"
     else:
         d = _decimals(mean)
         m, h, spec = mean, half, f",.{d}f"
