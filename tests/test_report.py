@@ -403,6 +403,19 @@ def test_steps_axis_and_include_incomplete(sweep, tmp_path):
     assert "Failed runs are excluded" in md
 
 
+def test_null_metric_is_missing_not_stale(tmp_path):
+    # the logger writes non-finite values as null and leaves them out of summary "final"
+    for seed, ent in enumerate([0.5, 0.7, None]):
+        lines = [{"step": 1, "samples": 8, "actor/entropy": 0.9},
+                 {"step": 2, "samples": 16, "actor/entropy": ent}]
+        write_run(tmp_path / str(seed), overrides=[f"seed={seed}"], metrics=lines,
+                  summary=summary(name=f"s{seed}"))
+    res = build_report(tmp_path, tmp_path / "out" / "t", columns=["final_entropy"])
+    # seed 2's entropy diverged: it is not replaced by its earlier 0.9; the cell says n=2 of 3
+    # 0.5, 0.7: mean 0.6, s = 0.141421, half = 12.706205 · 0.141421/√2 = 1.270621
+    assert md_row(res["markdown"], "(default config)")[2] == "0.600 ± 1.271 (n=2)"
+
+
 def test_missing_metrics_never_crash(tmp_path):
     # a completed run that logged nothing useful, no config, no overrides
     write_run(tmp_path / "r0", summary=summary(), metrics=[{"step": 1, "samples": 8}])

@@ -72,12 +72,19 @@ def _values(run: Run, metric: str) -> list[float]:
 
 
 def final_value(run: Run, metric: str) -> float | None:
-    """summary.json "final" if the trainer wrote it there, else the metric's last logged value."""
+    """summary.json "final" if the trainer wrote it there, else the metric's last logged value.
+
+    "Last logged" means the last line that has the key, even when its value is null (the logger
+    writes non-finite values as null): a run whose entropy ended as NaN has no final entropy,
+    rather than silently reporting the value from before it diverged.
+    """
     v = _num(((run.summary or {}).get("final") or {}).get(metric))
     if v is not None:
         return v
-    vals = _values(run, metric)
-    return vals[-1] if vals else None
+    for row in reversed(run.metrics):
+        if metric in row:
+            return _num(row[metric])
+    return None
 
 
 def initial_value(run: Run, metric: str) -> float | None:
