@@ -1,0 +1,270 @@
+"""Policy losses: clip bounds by hand (asymmetric, dual clip), GSPO's sequence ratio, GSPO-token's
+equivalence, vanilla PG, TIS weights and sampler/learner mismatch metrics."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from grpo_lab.algos import (
+    POLICY_LOSSES,
+    aggregate,
+    clipped_surrogate,
+    gspo,
+    gspo_token,
+    logprob_mismatch_metrics,
+    truncated_is_weights,
+    vanilla_pg,
+)
+
+D = torch.float64
+GARBAGE = 1.0e4
+
+
+def _leaf(x):
+    return torch.tensor(x, dtype=D).requires_grad_()
+
+
+# One sequence of 7 real tokens + 1 padding token. old logp = 0, so ratio r = exp(logp) = given r.
+RATIOS = [1.1, 1.5, 0.5, 0.5, 1.5, 1.25, 0.75]
+ADVS = [1.0, 1.0, 1.0, -1.0, -1.0, 2.0, -2.0]
+
+
+def _clip_example():
+    logp = _leaf([[math.log(r) for r in RATIOS] + [GARBAGE]])
+    old = torch.tensor([[0.0] * 7 + [-GARBAGE]], dtype=D)
+    adv = torch.tensor([ADVS + [GARBAGE]], dtype=D)
+    mask = torch.tensor([[1] * 7 + [0]])
+    return logp, old, adv, mask
+
+
+def test_clipped_surrogate_by_hand_asymmetric():
+    # clip range [1 - 0.2, 1 + 0.28] = [0.8, 1.28] (DAPO clip-higher). L = max(-A r, -A clip(r)):
+    #  1. r=1.1,  A=+1: inside                     -> -1.1
+    #  2. r=1.5,  A=+1: max(-1.5, -1.28)            -> -1.28   upper clip active
+    #  3. r=0.5,  A=+1: max(-0.5, -0.8)             -> -0.5    (below 0.8 but A>0: not clipped)
+    #  4. r=0.5,  A=-1: max(0.5, 0.8)               ->  0.8    lower clip active
+    #  5. r=1.5,  A=-1: max(1.5, 1.28)              ->  1.5    (above 1.28 but A<0: not clipped)
+    #  6. r=1.25, A=+2: inside (1.25 < 1.28)        -> -2.5    (a symmetric 0.2 clip would give -2.4)
+    #  7. r=0.75, A=-2: max(1.5, 2 * 0.8 = 1.6)     ->  1.6    lower clip active
+    #  8. padding                                   ->  0
+    logp, old, adv, mask = _clip_example()
+    loss, metrics = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    assert_close(loss, torch.tensor([[-1.1, -1.28, -0.5, 0.8, 1.5, -2.5, 1.6, 0.0]], dtype=D))
+    assert_close(metrics["clip_frac_high"], torch.tensor(1 / 7, dtype=D))
+    assert_close(metrics["clip_frac_low"], torch.tensor(2 / 7, dtype=D))
+    # ratio_mean = (1.1 + 1.5 + 0.5 + 0.5 + 1.5 + 1.25 + 0.75) / 7 = 7.1 / 7
+    assert_close(metrics["ratio_mean"], torch.tensor(7.1 / 7, dtype=D))
+    assert "dual_clip_frac" not in metrics
+    # gradient d L / d logp = -A r where unclipped, 0 where the clipped term is chosen
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([[-1.1, 0.0, -0.5, 0.0, 1.5, -2.5, 0.0, 0.0]], dtype=D))
+
+
+def test_clipped_surrogate_symmetric_clips_token_6():
+    # clip_high = 0.2: token 6 (r=1.25, A=+2) is now clipped: max(-2.5, -2.4) = -2.4
+    logp, old, adv, mask = _clip_example()
+    loss, metrics = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    assert_close(loss[0, 5], torch.tensor(-2.4, dtype=D))
+    assert_close(metrics["clip_frac_high"], torch.tensor(2 / 7, dtype=D))
+
+
+def test_dual_clip_by_hand():
+    # c = 3, clip 0.2/0.28:
+    #  r=5, A=-1: max(5, 1.28) = 5 > -A c = 3 -> 3 (dual clip binds, gradient 0)
+    #  r=2, A=-1: max(2, 1.28) = 2 < 3        -> 2
+    #  r=5, A=+1: max(-5, -1.28) = -1.28      (dual clip only for A < 0)
+    logp = _leaf([[math.log(5.0), math.log(2.0), math.log(5.0)]])
+    old = torch.zeros(1, 3, dtype=D)
+    adv = torch.tensor([[-1.0, -1.0, 1.0]], dtype=D)
+    mask = torch.ones(1, 3)
+    loss, metrics = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    assert_close(loss, torch.tensor([[3.0, 2.0, -1.28]], dtype=D))
+    assert_close(metrics["dual_clip_frac"], torch.tensor(1 / 3, dtype=D))
+    assert_close(metrics["clip_frac_high"], torch.tensor(1 / 3, dtype=D))  # token 3
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([[0.0, 2.0, 0.0]], dtype=D))  # -A r = 2 on token 2
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=1.0)
+
+
+def test_is_weights_multiply_the_loss():
+    logp, old, adv, mask = _clip_example()
+    w = torch.tensor([[0.5, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, GARBAGE]], dtype=D)
+    base, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    weighted, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, is_weights=w)
+    # [-1.1 * 0.5, -1.28, -0.5 * 2, ...], padding still 0
+    assert_close(weighted, base * torch.where(mask.bool(), w, 0.0))
+    assert_close(weighted[0, :3], torch.tensor([-0.55, -1.28, -1.0], dtype=D))
+
+
+def test_gspo_by_hand():
+    # seq 0: token log-ratios [0.1, 0.3, pad] -> mean 0.2 -> s_0 = e^0.2 = 1.2214028
+    # seq 1: token log-ratios [-0.3, 0, 0]   -> mean -0.1 -> s_1 = e^-0.1 = 0.9048374
+    logp = _leaf([[0.1, 0.3, GARBAGE], [-0.3, 0.0, 0.0]])
+    old = torch.zeros(2, 3, dtype=D)
+    adv = torch.tensor([[1.0, 1.0, GARBAGE], [-1.0, -1.0, -1.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    # clip 0.2/0.2: s_0 = 1.2214 > 1.2 with A = +1 -> clipped: -1.2 on each real token
+    #               s_1 = 0.9048 in [0.8, 1.2]  -> unclipped: +0.9048374
+    loss, metrics = gspo(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    s1 = math.exp(-0.1)
+    assert_close(loss, torch.tensor([[-1.2, -1.2, 0.0], [s1, s1, s1]], dtype=D))
+    assert_close(metrics["clip_frac_high"], torch.tensor(2 / 5, dtype=D))  # seq 0's 2 tokens of 5
+    # seq_mean_token_mean gives the paper's 1/G sum_i loss_i = (-1.2 + 0.9048374) / 2
+    assert_close(aggregate(loss, mask, "seq_mean_token_mean"), torch.tensor((-1.2 + s1) / 2, dtype=D))
+    # gradient: seq 0 clipped -> 0; seq 1: d(1/3 sum_t s_1)/d logp_t... loss.sum() = 3 s_1 and
+    # d s_1 / d logp_t = s_1 / 3, so each token gets 3 * s_1 / 3 = s_1
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([[0.0, 0.0, 0.0], [s1, s1, s1]], dtype=D))
+
+
+def test_gspo_paper_clip_range():
+    # paper values clip_low 3e-4, clip_high 4e-4: both sequences are now clipped
+    #   seq 0 A=+1: -(1 + 4e-4) = -1.0004;  seq 1 A=-1: s_1 = 0.905 < 0.9997 -> +0.9997
+    logp = torch.tensor([[0.1, 0.3, GARBAGE], [-0.3, 0.0, 0.0]], dtype=D)
+    adv = torch.tensor([[1.0, 1.0, GARBAGE], [-1.0, -1.0, -1.0]], dtype=D)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    loss, metrics = gspo(logp, torch.zeros(2, 3, dtype=D), adv, mask, clip_low=3e-4, clip_high=4e-4)
+    assert_close(loss, torch.tensor([[-1.0004, -1.0004, 0.0], [0.9997, 0.9997, 0.9997]], dtype=D))
+    assert_close(metrics["clip_frac_low"], torch.tensor(3 / 5, dtype=D))
+    assert_close(metrics["clip_frac_high"], torch.tensor(2 / 5, dtype=D))
+
+
+def _random_batch(seed, n=4, t=6):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([6, 3, 1, 5])[:n]
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).long()
+    logp = (-torch.rand(n, t, generator=gen, dtype=D) * 2).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(n, t, generator=gen, dtype=D)
+    seq_adv = torch.randn(n, generator=gen, dtype=D)
+    adv = seq_adv[:, None].expand(n, t).clone()
+    token_adv = torch.randn(n, t, generator=gen, dtype=D)
+    pad = mask == 0
+    logp_g = torch.where(pad, GARBAGE, logp)  # garbage at padding, still a function of logp
+    return logp, logp_g, old, adv, token_adv, mask
+
+
+def test_gspo_ratio_is_exp_of_mean_token_log_ratio():
+    # With an unbounded clip range and A = -1 the loss is exactly s_i on every real token.
+    logp, logp_g, old, _, _, mask = _random_batch(0)
+    loss, _ = gspo(logp_g, old, -torch.ones_like(old), mask, clip_low=1e9, clip_high=1e9)
+    lr = ((logp - old) * mask).sum(-1) / mask.sum(-1)  # mean token log-ratio [N]
+    assert_close(loss, torch.exp(lr)[:, None] * mask)
+
+
+@pytest.mark.parametrize(("clip_low", "clip_high"), [(0.2, 0.28), (3e-4, 4e-4), (1e9, 1e9)])
+def test_gspo_token_equals_gspo_in_value_and_gradient(clip_low, clip_high):
+    logp, logp_g, old, adv, token_adv, mask = _random_batch(1)
+    # value: equal for any advantages (s_i,t has the value of s_i)
+    for a in (adv, token_adv):
+        seq_loss, seq_metrics = gspo(logp_g, old, a, mask, clip_low=clip_low, clip_high=clip_high)
+        tok_loss, tok_metrics = gspo_token(logp_g, old, a, mask, clip_low=clip_low, clip_high=clip_high)
+        assert_close(tok_loss, seq_loss)
+        for k in seq_metrics:
+            assert_close(tok_metrics[k], seq_metrics[k])
+    # gradient: equal with sequence-constant advantages under seq_mean_token_mean
+    def garbage_padded():  # a fresh graph for each autograd.grad call
+        return torch.where(mask == 0, GARBAGE, logp)
+
+    (g_seq,) = torch.autograd.grad(
+        aggregate(gspo(garbage_padded(), old, adv, mask, clip_low=clip_low, clip_high=clip_high)[0], mask, "seq_mean_token_mean"),
+        logp,
+    )
+    (g_tok,) = torch.autograd.grad(
+        aggregate(gspo_token(garbage_padded(), old, adv, mask, clip_low=clip_low, clip_high=clip_high)[0], mask, "seq_mean_token_mean"),
+        logp,
+    )
+    assert_close(g_tok, g_seq)
+    assert (g_seq[mask == 0] == 0).all()
+
+
+def test_gspo_token_gradient_is_per_token_with_token_advantages():
+    # unclipped: d L_{i,t} / d logp_{i,t} = -A_{i,t} s_i, only through token t
+    logp, logp_g, old, _, token_adv, mask = _random_batch(2)
+    loss, _ = gspo_token(logp_g, old, token_adv, mask, clip_low=1e9, clip_high=1e9)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    s = torch.exp(((logp - old) * mask).sum(-1) / mask.sum(-1))  # [N]
+    assert_close(grad, -token_adv * s[:, None] * mask)
+
+
+def test_vanilla_pg_by_hand_and_same_gradient_as_clipped_at_ratio_one():
+    # L = -A logp: tokens logp = [-1, -2], A = [2, -1] -> [2, -2]
+    logp = _leaf([[-1.0, -2.0, GARBAGE]])
+    adv = torch.tensor([[2.0, -1.0, GARBAGE]], dtype=D)
+    mask = torch.tensor([[1, 1, 0]])
+    loss, metrics = vanilla_pg(logp, logp.detach(), adv, mask, clip_low=0.2, clip_high=0.2)
+    assert_close(loss, torch.tensor([[2.0, -2.0, 0.0]], dtype=D))
+    assert_close(metrics["ratio_mean"], torch.tensor(1.0, dtype=D))
+    assert metrics["clip_frac_low"] == 0 and metrics["clip_frac_high"] == 0
+    (g_pg,) = torch.autograd.grad(loss.sum(), logp)
+    clipped, _ = clipped_surrogate(logp, logp.detach(), adv, mask, clip_low=0.2, clip_high=0.2)
+    (g_clip,) = torch.autograd.grad(clipped.sum(), logp)
+    assert_close(g_pg, torch.tensor([[-2.0, 1.0, 0.0]], dtype=D))  # -A
+    assert_close(g_clip, g_pg)
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_masked_positions_do_not_matter(name):
+    logp, _, old, _, token_adv, mask = _random_batch(3)
+    pad = mask == 0
+    fn = POLICY_LOSSES.get(name)
+    w = torch.full_like(old, 1.5)
+    kwargs = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    loss, metrics = fn(logp, old, token_adv, mask, is_weights=w, **kwargs)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    loss2, metrics2 = fn(
+        torch.where(pad, 5.0e3, logp),
+        torch.where(pad, -4.0e3, old),
+        torch.where(pad, 9.0e3, token_adv),
+        mask,
+        is_weights=torch.where(pad, 7.0e3, w),
+        **kwargs,
+    )
+    (grad2,) = torch.autograd.grad(loss2.sum(), logp)
+    assert_close(loss2, loss)
+    assert_close(grad2, grad)
+    assert set(metrics) == set(metrics2) and {"clip_frac_low", "clip_frac_high", "ratio_mean"} <= set(metrics)
+    for k in metrics:
+        assert_close(metrics2[k], metrics[k])
+        assert not metrics[k].requires_grad
+    assert (loss[pad] == 0).all() and (grad[pad] == 0).all()
+
+
+def test_huge_log_ratio_stays_finite():
+    logp = _leaf([[0.0, -500.0]])
+    old = torch.tensor([[-500.0, 0.0]], dtype=D)
+    adv = torch.tensor([[1.0, -1.0]], dtype=D)
+    for name in POLICY_LOSSES.names():
+        loss, metrics = POLICY_LOSSES.get(name)(logp, old, adv, torch.ones(1, 2), clip_low=0.2, clip_high=0.2)
+        (grad,) = torch.autograd.grad(loss.sum(), logp)
+        assert torch.isfinite(loss).all() and torch.isfinite(grad).all(), name
+        assert all(torch.isfinite(v) for v in metrics.values()), name
+
+
+def test_truncated_is_weights_by_hand():
+    # ratios pi_learner / pi_sampler = 0.5/0.25 = 2, 0.2/0.4 = 0.5, 0.9/0.3 = 3 -> capped at 2.5
+    learner = torch.log(torch.tensor([[0.5, 0.2, 0.9, 0.1]], dtype=D)).requires_grad_()
+    sampler = torch.log(torch.tensor([[0.25, 0.4, 0.3, 1e-30]], dtype=D))
+    mask = torch.tensor([[1, 1, 1, 0]])
+    w = truncated_is_weights(learner, sampler, mask, cap=2.5)
+    assert_close(w, torch.tensor([[2.0, 0.5, 2.5, 0.0]], dtype=D))
+    assert not w.requires_grad
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        truncated_is_weights(learner, sampler, mask, cap=0.0)
+
+
+def test_logprob_mismatch_metrics_by_hand():
+    learner = torch.tensor([[-1.0, -2.0, -0.5, GARBAGE]], dtype=D)
+    sampler = torch.tensor([[-1.5, -1.0, -0.5, -GARBAGE]], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    m = logprob_mismatch_metrics(learner, sampler, mask)
+    # |diff| = [0.5, 1.0, 0] -> mean 0.5, max 1.0
+    assert_close(m["logprob_abs_diff_mean"], torch.tensor(0.5, dtype=D))
+    assert_close(m["logprob_abs_diff_max"], torch.tensor(1.0, dtype=D))
+    # k3 of KL(sampler || learner), x = learner - sampler = [0.5, -1, 0]:
+    # (e^0.5 - 0.5 - 1) + (e^-1 + 1 - 1) + 0 = 0.1487213 + 0.3678794 -> mean over 3 = 0.1722002
+    expected = ((math.exp(0.5) - 1.5) + math.exp(-1.0)) / 3
+    assert_close(m["kl_k3"], torch.tensor(expected, dtype=D))
+    assert abs(expected - 0.1722002) < 1e-7
