@@ -248,7 +248,7 @@ def compute_cell(
 
 
 def _decimals(x: float) -> int:
-    """Adaptive precision for free-form floats: 3 significant-ish digits, never fewer than 0."""
+    """Decimals for free-form floats: about three significant digits (0.523, 5.23, 52.3, 523)."""
     ax = abs(x)
     return 0 if ax >= 100 else 1 if ax >= 10 else 2 if ax >= 1 else 3
 
