@@ -6,7 +6,15 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo_lab.algos import ADVANTAGE_ESTIMATORS, gae, group_mean, group_mean_batch_std, group_zscore, reinforce_pp, rloo
+from grpo_lab.algos import (
+    ADVANTAGE_ESTIMATORS,
+    gae,
+    group_mean,
+    group_mean_batch_std,
+    group_zscore,
+    reinforce_pp,
+    rloo,
+)
 
 GARBAGE = 1.0e4  # at masked positions; must never reach a result
 D = torch.float64

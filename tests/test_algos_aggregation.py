@@ -39,11 +39,17 @@ def test_explicit_global_counts():
     # token_mean with num_tokens=10 (a minibatch twice this size): 15/10
     assert_close(aggregate(LOSS, MASK, "token_mean", num_tokens=10), torch.tensor(1.5, dtype=torch.float64))
     # seq_mean_token_mean with num_seqs=4: (2 + 4.5)/4 = 1.625
-    assert_close(aggregate(LOSS, MASK, "seq_mean_token_mean", num_seqs=4), torch.tensor(1.625, dtype=torch.float64))
+    assert_close(
+        aggregate(LOSS, MASK, "seq_mean_token_mean", num_seqs=4), torch.tensor(1.625, dtype=torch.float64)
+    )
     # seq_mean_token_sum with num_seqs=5: 15/5 = 3
-    assert_close(aggregate(LOSS, MASK, "seq_mean_token_sum", num_seqs=5), torch.tensor(3.0, dtype=torch.float64))
+    assert_close(
+        aggregate(LOSS, MASK, "seq_mean_token_sum", num_seqs=5), torch.tensor(3.0, dtype=torch.float64)
+    )
     # Dr.GRPO normaliser with the generation budget max_len=5: 15/(2*5) = 1.5
-    assert_close(aggregate(LOSS, MASK, "seq_mean_token_sum_norm", max_len=5), torch.tensor(1.5, dtype=torch.float64))
+    assert_close(
+        aggregate(LOSS, MASK, "seq_mean_token_sum_norm", max_len=5), torch.tensor(1.5, dtype=torch.float64)
+    )
     # counts given as tensors work too: 15/(3*5) = 1
     assert_close(
         aggregate(LOSS, MASK, "seq_mean_token_sum_norm", num_seqs=torch.tensor(3.0), max_len=5),

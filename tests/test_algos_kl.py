@@ -24,7 +24,9 @@ def test_known_pairs():
     # k3 = e^x - x - 1: token 0: 0.5 + ln2 - 1 = 0.1931472; token 1: 2 - ln2 - 1 = 0.3068528
     expected_k3 = torch.tensor([[0.5 + LN2 - 1.0, 2.0 - LN2 - 1.0, 0.0]], dtype=torch.float64)
     assert_close(kl_k3(logp, ref), expected_k3)
-    assert_close(expected_k3, torch.tensor([[0.1931472, 0.3068528, 0.0]], dtype=torch.float64), atol=1e-7, rtol=0)
+    assert_close(
+        expected_k3, torch.tensor([[0.1931472, 0.3068528, 0.0]], dtype=torch.float64), atol=1e-7, rtol=0
+    )
 
 
 def test_registry_dispatch():

@@ -27,7 +27,9 @@ def _batch():
     return params, old, adv, is_w, mask
 
 
-@pytest.mark.parametrize(("loss_name", "mode"), list(itertools.product(POLICY_LOSSES.names(), AGGREGATIONS.names())))
+@pytest.mark.parametrize(
+    ("loss_name", "mode"), list(itertools.product(POLICY_LOSSES.names(), AGGREGATIONS.names()))
+)
 def test_microbatch_split_matches_full_batch(loss_name, mode):
     params, old, adv, is_w, mask = _batch()
     loss_fn = POLICY_LOSSES.get(loss_name)

@@ -164,16 +164,25 @@ def test_gspo_token_equals_gspo_in_value_and_gradient(clip_low, clip_high):
         assert_close(tok_loss, seq_loss)
         for k in seq_metrics:
             assert_close(tok_metrics[k], seq_metrics[k])
+
     # gradient: equal with sequence-constant advantages under seq_mean_token_mean
     def garbage_padded():  # a fresh graph for each autograd.grad call
         return torch.where(mask == 0, GARBAGE, logp)
 
     (g_seq,) = torch.autograd.grad(
-        aggregate(gspo(garbage_padded(), old, adv, mask, clip_low=clip_low, clip_high=clip_high)[0], mask, "seq_mean_token_mean"),
+        aggregate(
+            gspo(garbage_padded(), old, adv, mask, clip_low=clip_low, clip_high=clip_high)[0],
+            mask,
+            "seq_mean_token_mean",
+        ),
         logp,
     )
     (g_tok,) = torch.autograd.grad(
-        aggregate(gspo_token(garbage_padded(), old, adv, mask, clip_low=clip_low, clip_high=clip_high)[0], mask, "seq_mean_token_mean"),
+        aggregate(
+            gspo_token(garbage_padded(), old, adv, mask, clip_low=clip_low, clip_high=clip_high)[0],
+            mask,
+            "seq_mean_token_mean",
+        ),
         logp,
     )
     assert_close(g_tok, g_seq)

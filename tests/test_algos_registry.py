@@ -44,10 +44,18 @@ def test_unknown_name_lists_valid_choices_and_is_keyerror_and_valueerror():
 
 def test_registry_contents():
     assert ADVANTAGE_ESTIMATORS.names() == [
-        "group_zscore", "group_mean", "group_mean_batch_std", "rloo", "reinforce_pp", "gae",
+        "group_zscore",
+        "group_mean",
+        "group_mean_batch_std",
+        "rloo",
+        "reinforce_pp",
+        "gae",
     ]
     assert POLICY_LOSSES.names() == ["clipped_surrogate", "gspo", "gspo_token", "vanilla_pg"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
     assert AGGREGATIONS.names() == [
-        "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
+        "token_mean",
+        "seq_mean_token_mean",
+        "seq_mean_token_sum",
+        "seq_mean_token_sum_norm",
     ]

@@ -133,8 +133,13 @@ def clipped_surrogate(
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
-    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                  response_mask=response_mask, is_weights=is_weights)
+    _check_shapes(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        is_weights=is_weights,
+    )
     mask = as_bool_mask(response_mask)
     log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)  # [N, T]
@@ -175,8 +180,13 @@ def gspo(
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
-    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                  response_mask=response_mask, is_weights=is_weights)
+    _check_shapes(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        is_weights=is_weights,
+    )
     mask = as_bool_mask(response_mask)
     seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask)  # [N]
     log_ratio = _clean(seq_lr[:, None].expand_as(logprobs), mask)  # [N, T]
@@ -211,8 +221,13 @@ def gspo_token(
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
-    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                  response_mask=response_mask, is_weights=is_weights)
+    _check_shapes(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        is_weights=is_weights,
+    )
     mask = as_bool_mask(response_mask)
     seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # sg[log s_i] [N]
     token_grad_path = _clean(logprobs - logprobs.detach(), mask)  # value 0, gradient 1 [N, T]
@@ -248,8 +263,13 @@ def vanilla_pg(
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
-    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                  response_mask=response_mask, is_weights=is_weights)
+    _check_shapes(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        is_weights=is_weights,
+    )
     mask = as_bool_mask(response_mask)
     logp = _clean(logprobs, mask)
     adv = _clean(advantages.to(logp.dtype), mask)

@@ -36,7 +36,10 @@ def dpo_loss(
 
     Shapes: the four log-prob tensors and weights [P] -> (loss scalar, metrics).
     """
-    shapes = {tuple(t.shape) for t in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)}
+    shapes = {
+        tuple(t.shape)
+        for t in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    }
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
         raise ValueError(f"DPO log-probs must all be [P], got shapes {shapes}")
     chosen_reward = beta * (policy_chosen_logps - ref_chosen_logps)  # [P]
@@ -74,7 +77,9 @@ def group_preference_pairs(
     weights [P] float).
     """
     if rewards.dim() != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}"
+        )
     r = rewards.to(torch.float64 if rewards.dtype == torch.float64 else torch.float32)
     same_group = group_ids[:, None] == group_ids[None, :]  # [N, N]
     better = r[:, None] > r[None, :]  # [N, N]; strict, so ties and i == j give no pair
@@ -89,4 +94,6 @@ def group_preference_pairs(
 def sequence_logps(token_logprobs: Tensor, response_mask: Tensor) -> Tensor:
     """Sequence log-prob log pi(y|x) = sum of real-token log-probs. [N, T] -> [N]."""
     mask = as_bool_mask(response_mask)
-    return torch.where(mask, token_logprobs, torch.zeros((), dtype=token_logprobs.dtype, device=token_logprobs.device)).sum(-1)
+    return torch.where(
+        mask, token_logprobs, torch.zeros((), dtype=token_logprobs.dtype, device=token_logprobs.device)
+    ).sum(-1)

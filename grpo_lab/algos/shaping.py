@@ -55,7 +55,9 @@ def soft_overlong_penalty(
 def _constant_groups(rewards: Tensor, group_ids: Tensor, atol: float) -> tuple[Tensor, Tensor, Tensor]:
     """-> (inverse [N], counts [G], group is constant within atol [G])."""
     if rewards.dim() != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}"
+        )
     r = rewards.to(work_dtype(rewards))
     inverse, counts = group_index(group_ids)
     lo, hi = group_range(r, inverse, counts.numel())
@@ -100,7 +102,9 @@ def best_of_group_mask(rewards: Tensor, group_ids: Tensor) -> Tensor:
     Shapes: rewards [N], group_ids [N] -> BoolTensor [N].
     """
     if rewards.dim() != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}"
+        )
     r = rewards.to(work_dtype(rewards))
     inverse, counts = group_index(group_ids)
     g = counts.numel()
