@@ -277,3 +277,21 @@ def test_logprob_mismatch_metrics_by_hand():
     expected = ((math.exp(0.5) - 1.5) + math.exp(-1.0)) / 3
     assert_close(m["kl_k3"], torch.tensor(expected, dtype=D))
     assert abs(expected - 0.1722002) < 1e-7
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_bf16_logprobs_are_upcast(name):
+    # learner log-probs in bf16 (-1.0 is exact), old log-probs float32 = -1 - 3e-4. In float32 the
+    # ratio is e^3e-4 = 1.0003 (A = 1, clip 0.2: unclipped, loss -1.0003); had the loss been
+    # computed in bf16 (resolution 2^-7 near 1) the ratio would be exactly 1 and the loss -1.
+    # vanilla_pg's loss is -A logp = 1.
+    logp = torch.full((1, 2), -1.0, dtype=torch.bfloat16, requires_grad=True)
+    old = torch.full((1, 2), -1.0 - 3e-4)
+    loss, _ = POLICY_LOSSES.get(name)(
+        logp, old, torch.ones(1, 2), torch.ones(1, 2), clip_low=0.2, clip_high=0.2
+    )
+    assert loss.dtype == torch.float32
+    expected = 1.0 if name == "vanilla_pg" else -math.exp(3e-4)
+    assert_close(loss, torch.full((1, 2), expected))
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert grad.dtype == torch.bfloat16 and torch.isfinite(grad).all()

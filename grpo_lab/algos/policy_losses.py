@@ -23,6 +23,7 @@ Departures / choices:
   advantage), so they also run with token-level advantages; with sequence-constant advantages
   and ``seq_mean_token_mean`` aggregation they give the paper's objective exactly.
 * ``vanilla_pg`` accepts and ignores the clip arguments, so all losses share one signature.
+* Half-precision (bf16 / fp16) log-probs are upcast to float32 before the ratio is formed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def _check_shapes(**tensors: Tensor | None) -> None:
 
 def _zero(x: Tensor) -> Tensor:
     return torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def _upcast(x: Tensor) -> Tensor:
+    """bf16 / fp16 log-probs -> float32: exp() of a bf16 log-ratio is off by up to ~0.4%, the size
+    of GSPO's whole clip range. float32 / float64 pass through. Differentiable."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def _clean(x: Tensor, mask: Tensor) -> Tensor:
@@ -141,6 +148,7 @@ def clipped_surrogate(
         is_weights=is_weights,
     )
     mask = as_bool_mask(response_mask)
+    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
     log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)  # [N, T]
     adv = _clean(advantages.to(ratio.dtype), mask)
@@ -188,6 +196,7 @@ def gspo(
         is_weights=is_weights,
     )
     mask = as_bool_mask(response_mask)
+    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
     seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask)  # [N]
     log_ratio = _clean(seq_lr[:, None].expand_as(logprobs), mask)  # [N, T]
     ratio = torch.exp(log_ratio)
@@ -229,6 +238,7 @@ def gspo_token(
         is_weights=is_weights,
     )
     mask = as_bool_mask(response_mask)
+    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
     seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # sg[log s_i] [N]
     token_grad_path = _clean(logprobs - logprobs.detach(), mask)  # value 0, gradient 1 [N, T]
     log_ratio = _clean(token_grad_path + seq_lr[:, None], mask)  # value log s_i [N, T]
@@ -271,6 +281,7 @@ def vanilla_pg(
         is_weights=is_weights,
     )
     mask = as_bool_mask(response_mask)
+    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
     logp = _clean(logprobs, mask)
     adv = _clean(advantages.to(logp.dtype), mask)
     loss = -adv * logp
