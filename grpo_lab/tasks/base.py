@@ -1,0 +1,87 @@
+"""Task data model and the ``TASKS`` registry.
+
+A task source is ``fn(**kwargs) -> Task``; a ``Task`` holds three splits of ``TaskItem``s.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_lab.algos.registry import Registry
+
+log = logging.getLogger(__name__)
+
+TASKS = Registry("task source")
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass
+class TaskItem:
+    """One prompt with its reference.
+
+    ``prompt``: the text the model sees (the caller prepends bos / applies a chat template).
+    ``answer``: the reference final answer (what the reward compares against).
+    ``solution``: the SFT warm-up target completion, ending in ``answer`` written in the item's
+    answer format (``fields["answer_format"]``, see ``grpo_lab.rewards.answers``).
+    ``fields``: extra per-item data the reward functions receive as keyword lists
+    (``answer_format`` always; reasoning-gym items add ``rg_dataset``, ``rg_config``, ``rg_entry``).
+    """
+
+    prompt: str
+    answer: str
+    solution: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Task:
+    """A named set of splits ``{"train", "dev", "test"} -> list[TaskItem]``.
+
+    ``info`` records what the source did (sizes, seeds, how many train items were dropped as
+    duplicates of dev/test prompts) so the train loop can log it.
+    """
+
+    name: str
+    splits: dict[str, list[TaskItem]]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [s for s in SPLITS if s not in self.splits]
+        if missing:
+            raise ValueError(f"task {self.name!r} lacks splits {missing}; need {list(SPLITS)}")
+
+    def alphabet(self) -> str:
+        """Every character of every prompt, answer and solution in all splits, sorted, unique.
+
+        This is what the character tokenizer is built from, so nothing the model reads or is
+        trained to write maps to ``<unk>``.
+        """
+        chars: set[str] = set()
+        for items in self.splits.values():
+            for it in items:
+                chars.update(it.prompt)
+                chars.update(it.answer)
+                chars.update(it.solution)
+        return "".join(sorted(chars))
+
+
+def remove_train_overlap(splits: dict[str, list[TaskItem]], task_name: str) -> dict[str, int]:
+    """Drop train items whose prompt also appears in dev or test (in place); return counts.
+
+    Evaluating on prompts seen in training would overstate generalisation. dev/test overlap with
+    each other is only counted (both are held out; removing from either would change its size).
+    """
+    held_out = {it.prompt for s in ("dev", "test") for it in splits[s]}
+    before = len(splits["train"])
+    splits["train"] = [it for it in splits["train"] if it.prompt not in held_out]
+    removed = before - len(splits["train"])
+    dev_prompts = {it.prompt for it in splits["dev"]}
+    dev_test = sum(it.prompt in dev_prompts for it in splits["test"])
+    if removed:
+        log.info("task %s: removed %d of %d train items whose prompt is also in dev/test", task_name, removed, before)
+    if dev_test:
+        log.warning("task %s: %d test prompts also appear in dev", task_name, dev_test)
+    return {"train_removed_overlap": removed, "dev_test_overlap": dev_test}

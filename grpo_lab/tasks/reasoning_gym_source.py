@@ -1,0 +1,193 @@
+"""Task source ``reasoning_gym``: any procedural generator from the ``reasoning-gym`` package.
+
+reasoning-gym item ``i`` of a dataset created with ``seed=s`` is generated from
+``random.Random(s + i)``, so two datasets share items whenever their seed ranges
+``[s, s + size)`` overlap. Train, dev and test therefore get widely separated seeds (checked), and
+train items whose prompt still collides with a dev/test prompt (small problem spaces produce
+repeats by chance) are removed.
+
+Prompt formats:
+  ``question``: the generator's own question text, e.g. chain_sum
+      ``State the final answer to the following arithmetic problem: 15 - 43 =``.
+  ``compact``: a short form for tiny character-level models; defined for generators whose
+      entries carry ``metadata["expression"]`` (chain_sum, basic_arithmetic): the expression with
+      its spaces removed followed by ``=``, e.g. ``15-43=`` (answer ``-28``).
+
+The calibration task of shared/ENVIRONMENT.md is
+``name=chain_sum, dataset_kwargs={min_terms: 2, max_terms: 2, min_digits: 2, max_digits: 2},
+prompt_format=compact``. Note chain_sum draws every term >= 0 unless ``allow_negation=True``;
+only the result can be negative.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from grpo_lab.rewards.answers import check_answer_format, format_solution
+
+from .base import SPLITS, TASKS, Task, TaskItem, remove_train_overlap
+
+
+def _expression_compact(entry: dict[str, Any]) -> str:
+    return entry["metadata"]["expression"].replace(" ", "") + "="
+
+
+# generator name -> entry -> compact prompt
+COMPACT_FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "chain_sum": _expression_compact,
+    "basic_arithmetic": _expression_compact,
+}
+PROMPT_FORMATS = ("question", "compact")
+
+
+def _plain(x: Any) -> Any:
+    """Hydra DictConfig/ListConfig (or any mapping/sequence) -> plain dict/list, recursively."""
+    if isinstance(x, Mapping):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)) or (hasattr(x, "__iter__") and type(x).__name__ == "ListConfig"):
+        return [_plain(v) for v in x]
+    return x
+
+
+def generator_names() -> list[str]:
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def check_generator(name: str) -> None:
+    names = generator_names()
+    if name in names:
+        return
+    close = difflib.get_close_matches(str(name), names, n=5, cutoff=0.5)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ValueError(
+        f"unknown reasoning-gym generator {name!r}.{hint} {len(names)} are available, e.g. "
+        f"{', '.join(names[:12])}, ... (full list: reasoning_gym.factory.DATASETS)"
+    )
+
+
+def make_rg_dataset(name: str, size: int, seed: int, dataset_kwargs: dict[str, Any]):
+    """``reasoning_gym.create_dataset`` with config errors turned into messages that say what to change."""
+    import dataclasses
+
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    check_generator(name)
+    try:
+        return reasoning_gym.create_dataset(name, size=size, seed=seed, **dataset_kwargs)
+    except (TypeError, AssertionError) as e:
+        cfg_cls = DATASETS[name][1]
+        valid = [f.name for f in dataclasses.fields(cfg_cls) if f.name not in ("size", "seed")]
+        raise ValueError(
+            f"reasoning-gym rejected dataset_kwargs {dataset_kwargs} for {name!r}: {e or type(e).__name__}. "
+            f"Valid dataset_kwargs for {name}: {', '.join(valid)}"
+        ) from e
+
+
+def check_seed_ranges(sizes: dict[str, int], seeds: dict[str, int]) -> None:
+    """Raise unless the item-seed ranges ``[seed, seed + size)`` of the splits are disjoint."""
+    ranges = {s: (seeds[s], seeds[s] + sizes[s]) for s in SPLITS if sizes[s] > 0}
+    names = list(ranges)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            (a0, a1), (b0, b1) = ranges[a], ranges[b]
+            if a0 < b1 and b0 < a1:
+                raise ValueError(
+                    f"{a}_seed={a0} and {b}_seed={b0} are too close for {a}_size={sizes[a]} and "
+                    f"{b}_size={sizes[b]}: reasoning-gym seeds item i with seed+i, so seeds "
+                    f"[{a0}, {a1}) and [{b0}, {b1}) overlap and the splits would share items. "
+                    f"Move the seeds more than the split sizes apart (defaults: 0, 1000000, 2000000)."
+                )
+
+
+@TASKS.register("reasoning_gym")
+def reasoning_gym_task(
+    *,
+    name: str,
+    dataset_kwargs: Mapping[str, Any] | None = None,
+    train_size: int = 10000,
+    dev_size: int = 200,
+    test_size: int = 200,
+    train_seed: int = 0,
+    dev_seed: int = 1_000_000,
+    test_seed: int = 2_000_000,
+    prompt_format: str = "question",
+    answer_format: str | None = None,
+    prompt_template: str = "{prompt}",
+) -> Task:
+    """Build train/dev/test from the reasoning-gym generator ``name``.
+
+    ``dataset_kwargs`` go to ``reasoning_gym.create_dataset(name, size=, seed=, **dataset_kwargs)``.
+    ``answer_format`` (plain | hash | tags, see grpo_lab.rewards.answers) defaults to ``hash`` when
+    the generator provides worked solutions (``metadata["answer_cot"]``, e.g. gsm_symbolic) and
+    the prompt format is ``question``, else ``plain``. ``prompt_template`` wraps the prompt
+    (``{prompt}`` is replaced), e.g. to append an instruction for an instruct model.
+    """
+    kw = _plain(dict(dataset_kwargs or {}))
+    clash = sorted({"size", "seed"} & set(kw))
+    if clash:
+        raise ValueError(
+            f"dataset_kwargs must not set {clash}: use train_size/dev_size/test_size and "
+            "train_seed/dev_seed/test_seed"
+        )
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"unknown prompt_format {prompt_format!r}; valid choices: {', '.join(PROMPT_FORMATS)}")
+    check_generator(name)
+    if prompt_format == "compact" and name not in COMPACT_FORMATS:
+        raise ValueError(
+            f"prompt_format 'compact' is not defined for generator {name!r}; it is defined for "
+            f"{', '.join(sorted(COMPACT_FORMATS))}. Use prompt_format=question, or add a compact "
+            "form to grpo_lab.tasks.reasoning_gym_source.COMPACT_FORMATS"
+        )
+    if "{prompt}" not in prompt_template:
+        raise ValueError(f"prompt_template must contain '{{prompt}}', got {prompt_template!r}")
+    sizes = {"train": int(train_size), "dev": int(dev_size), "test": int(test_size)}
+    seeds = {"train": int(train_seed), "dev": int(dev_seed), "test": int(test_seed)}
+    if sizes["train"] < 1 or sizes["dev"] < 0 or sizes["test"] < 0:
+        raise ValueError(f"need train_size >= 1 and dev_size, test_size >= 0; got {sizes}")
+    check_seed_ranges(sizes, seeds)
+
+    fmt = answer_format
+    splits: dict[str, list[TaskItem]] = {}
+    for split in SPLITS:
+        if sizes[split] == 0:
+            splits[split] = []
+            continue
+        ds = make_rg_dataset(name, sizes[split], seeds[split], kw)
+        items = []
+        for i in range(sizes[split]):
+            entry = ds[i]
+            worked = entry.get("metadata", {}).get("answer_cot")
+            if fmt is None:  # decided once, from the first entry
+                fmt = "hash" if (worked and prompt_format == "question") else "plain"
+            check_answer_format(fmt)
+            raw = COMPACT_FORMATS[name](entry) if prompt_format == "compact" else entry["question"]
+            answer = str(entry["answer"])
+            solution = format_solution(answer, fmt, worked if fmt != "plain" else None)
+            items.append(
+                TaskItem(
+                    prompt=prompt_template.replace("{prompt}", raw),
+                    answer=answer,
+                    solution=solution,
+                    fields={"answer_format": fmt, "rg_dataset": name, "rg_config": kw, "rg_entry": entry},
+                )
+            )
+        splits[split] = items
+
+    overlap = remove_train_overlap(splits, name)
+    info = {
+        "source": "reasoning_gym",
+        "generator": name,
+        "dataset_kwargs": kw,
+        "prompt_format": prompt_format,
+        "answer_format": fmt,
+        "seeds": seeds,
+        "sizes_requested": sizes,
+        "sizes": {s: len(v) for s, v in splits.items()},
+        **overlap,
+    }
+    return Task(name=name, splits=splits, info=info)
