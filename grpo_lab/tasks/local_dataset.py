@@ -9,7 +9,8 @@ Splits: ``path`` may be one file, or a mapping of split name -> file. Each of ou
 dev <- "dev" or "validation", test <- "test", where present). A split the source lacks is carved
 from the source's train split after a seeded shuffle (test first, then dev), ``test_size`` /
 ``dev_size`` items each. For a split the source has, the size caps it (first N rows; ``None``
-keeps all). Train items whose prompt is also a dev/test prompt are removed, as for reasoning-gym.
+keeps all). Train rows whose prompt is also a dev/test prompt are removed (before carving, so
+carved splits stay disjoint from given ones too), as for reasoning-gym.
 
 GSM8K-style data (``answer`` holds worked steps ending in ``#### 72``): pass
 ``answer_field="answer", solution_field="answer", answer_format="hash"``; the reference answer
@@ -130,6 +131,17 @@ def local_dataset_task(
         raise ValueError(f"{path!r} lacks columns {missing}; its columns are {sorted(columns)}")
 
     raw: dict[str, list[dict[str, Any]]] = {}
+    for s in ("dev", "test"):
+        if s in mapping:
+            raw[s] = rows(source[mapping[s]])
+            if sizes[s] is not None:
+                raw[s] = raw[s][: int(sizes[s])]
+    # Drop source-train rows that repeat a given dev/test prompt BEFORE carving, so a carved dev
+    # split cannot pick up a test prompt either.
+    given = {str(r[prompt_field]) for s in raw for r in raw[s]}
+    n_source = len(train_rows)
+    train_rows = [r for r in train_rows if str(r[prompt_field]) not in given]
+    removed_before_carving = n_source - len(train_rows)
     carved = [s for s in ("test", "dev") if s not in mapping]
     if carved:
         random.Random(seed).shuffle(train_rows)
@@ -140,13 +152,7 @@ def local_dataset_task(
             if n >= len(train_rows):
                 raise ValueError(f"cannot carve {s}_size={n} items from {len(train_rows)} train rows")
             raw[s], train_rows = train_rows[:n], train_rows[n:]
-    raw["train"] = train_rows
-    for s in ("dev", "test"):
-        if s in mapping:
-            raw[s] = rows(source[mapping[s]])
-    for s in SPLITS:
-        if sizes[s] is not None:
-            raw[s] = raw[s][: int(sizes[s])]
+    raw["train"] = train_rows if train_size is None else train_rows[: int(train_size)]
 
     def item(r: dict[str, Any]) -> TaskItem:
         ans_raw = str(r[answer_field])
@@ -163,6 +169,7 @@ def local_dataset_task(
     out = {s: [item(r) for r in raw[s]] for s in SPLITS}
     task_name = name or (Path(str(path)).stem if not isinstance(path, Mapping) else "local_dataset")
     overlap = remove_train_overlap(out, task_name)
+    overlap["train_removed_overlap"] += removed_before_carving
     info = {
         "source": "local_dataset",
         "path": str(path) if not isinstance(path, Mapping) else dict(path),
