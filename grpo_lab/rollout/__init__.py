@@ -1,1 +1,31 @@
+"""Rollout engines behind one protocol (`RolloutEngine`), chosen by `rollout.engine`."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_lab.algos.registry import Registry
+from grpo_lab.rollout.base import Rollout, RolloutEngine
+
+ROLLOUT_ENGINES = Registry("rollout engine")
+
+
+@ROLLOUT_ENGINES.register("vllm")
+def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
+    from grpo_lab.rollout.vllm_engine import VLLMEngine  # imports vllm only when chosen
+    return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+                      max_model_len=rollout_cfg.max_model_len, enforce_eager=rollout_cfg.enforce_eager,
+                      dtype=rollout_cfg.dtype, seed=seed)
+
+
+@ROLLOUT_ENGINES.register("hf")
+def _hf(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
+    from grpo_lab.rollout.hf_engine import HFEngine
+    return HFEngine.from_dir(model_dir, dtype=rollout_cfg.dtype, device=device)
+
+
+def make_engine(model_dir: Path, rollout_cfg, *, seed: int, device: str = "cpu") -> RolloutEngine:
+    return ROLLOUT_ENGINES.get(rollout_cfg.engine)(model_dir, rollout_cfg, seed=seed, device=device)
+
+
+__all__ = ["Rollout", "RolloutEngine", "ROLLOUT_ENGINES", "make_engine"]

@@ -1,0 +1,386 @@
+"""Typed schema of every run, registered in Hydra's ConfigStore, plus validation with clear errors.
+
+The YAML files under `conf/` hold the *values*; the dataclasses here hold the *types*. Hydra merges
+each group's YAML into `Config` (stored as `base_config`, first in `conf/config.yaml`'s defaults), so
+a misspelt key fails at start ("Key 'clip_lo' not in 'AlgorithmConfig'") and a wrong type fails
+with OmegaConf's message. Value constraints that types cannot express (ranges, cross-field rules,
+registry names) are checked by `validate()` before any model is loaded; every message says what to
+change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class KLConfig:
+    # KL(π || π_ref) coefficient β; 0 means no reference model is loaded at all.
+    coef: float = 0.0
+    # Estimator of the per-token KL (Schulman's k1, k2, k3; GRPO uses k3).
+    estimator: str = "k3"
+    # "loss": added to the policy loss (GRPO); "reward": subtracted from the token rewards (PPO, REINFORCE++).
+    placement: str = "loss"
+
+
+@dataclass
+class OverlongConfig:
+    # Overlong filtering (DAPO §3.4): truncated completions are masked out of the loss.
+    filter: bool = False
+    # Soft overlong punishment (DAPO eq. 13): buffer length L_cache in tokens before max_new_tokens; 0 = off.
+    soft_buffer: int = 0
+    # Penalty at (and beyond) the maximum length.
+    soft_penalty: float = 1.0
+
+
+@dataclass
+class DynamicSamplingConfig:
+    # DAPO dynamic sampling: drop groups whose rewards all agree; resample prompts until the batch is full.
+    enabled: bool = False
+    # Cap on sampling rounds per step; exceeding it raises (the task is too easy or too hard for this policy).
+    max_rounds: int = 8
+
+
+@dataclass
+class CriticConfig:
+    # Train a value model (PPO). Needed by the "gae" advantage estimator.
+    enabled: bool = False
+    # Learning rate of the critic's optimizer.
+    lr: float = 1e-3
+    # Clip range of the clipped value loss (PPO); value updates beyond old_value ± clip are not rewarded.
+    value_clip: float = 0.2
+    # Weight of the value loss (its own optimizer, so this only scales its gradient).
+    coef: float = 1.0
+
+
+@dataclass
+class PreferenceConfig:
+    # Preference objective: "dpo" (pairs) or "group_dpo" (all ordered pairs of a scored group).
+    loss: str = "dpo"
+    # DPO temperature β.
+    beta: float = 0.1
+    # Weight group pairs by Bradley-Terry confidence σ(r_w − r_l).
+    bt_weighting: bool = False
+    # Where pairs come from: "policy" (the policy's own scored groups) or a local JSONL path with
+    # prompt/chosen/rejected fields.
+    pairs: str = "policy"
+
+
+@dataclass
+class AlgorithmConfig:
+    # Name used in run names and wandb job_type; the recipe file sets it.
+    name: str = "grpo"
+    # How the parts below are combined into a loss: "policy_gradient" (GRPO family, PPO) or "preference" (DPO).
+    objective: str = "policy_gradient"
+    # Registered advantage estimator (grpo_lab/algos/advantages.py).
+    advantage: str = "group_zscore"
+    # ε added to the group std in z-score advantages.
+    adv_eps: float = 1e-6
+    # Discount γ and GAE λ (token-level estimators only).
+    gamma: float = 1.0
+    lam: float = 1.0
+    # Registered policy loss (grpo_lab/algos/policy_losses.py).
+    policy_loss: str = "clipped_surrogate"
+    # Clip range [1 − clip_low, 1 + clip_high]; clip_high > clip_low is DAPO's clip-higher.
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    # Dual-clip constant c > 1 for negative advantages (arXiv 1912.09729); null = off.
+    dual_clip: Optional[float] = None
+    # Loss aggregation mode (grpo_lab/algos/aggregation.py).
+    aggregation: str = "token_mean"
+    # Updates per rollout batch: μ epochs × minibatches; the sampler's logprobs are π_old throughout.
+    epochs: int = 1
+    minibatches: int = 1
+    kl: KLConfig = field(default_factory=KLConfig)
+    # Entropy bonus coefficient (0 = only logged).
+    entropy_coef: float = 0.0
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    # Truncated importance-sampling correction for rollout/learner mismatch: cap C; null = off.
+    tis_cap: Optional[float] = None
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    # Running (EMA) reward normalisation decay; null = off.
+    reward_ema_decay: Optional[float] = None
+    # Best-of-group supervised anchor: NLL weight λ on each group's best completion (0 = off) ...
+    sft_anchor_coef: float = 0.0
+    # ... reached linearly over this many steps.
+    sft_anchor_warmup: int = 0
+
+
+@dataclass
+class ModelConfig:
+    # Registered model builder (grpo_lab/models): tiny_llama, smollm2_135m, pretrained.
+    builder: str = "tiny_llama"
+    # tiny_llama sizes (ignored by other builders).
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = True
+    # pretrained: a local Hugging Face model directory.
+    path: Optional[str] = None
+
+
+@dataclass
+class TaskConfig:
+    # Registered task source (grpo_lab/tasks): reasoning_gym or local_dataset.
+    source: str = "reasoning_gym"
+    # reasoning-gym generator name (task.name=chain_sum) or a label for a local dataset.
+    name: str = "chain_sum"
+    # Extra arguments of the generator (reasoning_gym.create_dataset(name, **dataset_kwargs)).
+    dataset_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # "question" (generator text) or "compact" (short form for tiny character-level models).
+    prompt_format: str = "question"
+    train_size: int = 20000
+    dev_size: int = 200
+    test_size: int = 200
+    # Split seeds; reasoning-gym seeds item i with seed + i, so they must be more than a split size apart.
+    train_seed: int = 1_000_000
+    dev_seed: int = 2_000_000
+    test_seed: int = 3_000_000
+    # local_dataset: file or hub name, and field names.
+    path: Optional[str] = None
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+    solution_field: Optional[str] = None
+    # Longest completion the task needs, in tokens (sets rollout.max_new_tokens by default).
+    max_completion_tokens: int = 8
+
+
+@dataclass
+class RewardConfig:
+    # Registered reward functions (grpo_lab/rewards) and their weights; the reward is the weighted sum.
+    weights: Dict[str, float] = field(default_factory=lambda: {"correctness": 1.0})
+
+
+@dataclass
+class RolloutConfig:
+    # Engine behind the RolloutEngine protocol: "vllm" (real engine, CPU or CUDA build) or "hf" (transformers generate).
+    engine: str = "vllm"
+    # G: completions sampled per prompt.
+    group_size: int = 8
+    # Sampling temperature for training rollouts (evaluation is greedy).
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # Maximum completion length; completions that hit it are "truncated".
+    max_new_tokens: int = "${task.max_completion_tokens}"  # type: ignore[assignment]
+    # vLLM: fraction of device memory (on the CPU backend: of RAM) reserved for the KV cache.
+    gpu_memory_utilization: float = 0.1
+    # vLLM: context length the engine allocates for.
+    max_model_len: int = 256
+    # vLLM: eager mode (no graph capture); required for fast start-up on CPU.
+    enforce_eager: bool = True
+    # Numeric type of the engine's weights; fp32 keeps engine and learner logprobs within 1e-3.
+    dtype: str = "float32"
+
+
+@dataclass
+class LearnerConfig:
+    # AdamW learning rate of the policy.
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    # Global gradient-norm clip (0 = off).
+    grad_clip: float = 1.0
+    # Sequences per forward/backward; a minibatch is split into micro-batches and gradients accumulated.
+    micro_batch_size: int = 64
+    # "cpu" or "cuda" ("auto" picks cuda when available).
+    device: str = "auto"
+
+
+@dataclass
+class WarmupConfig:
+    # Supervised warm-up on the task's worked solutions before RL (0 steps = skip).
+    max_steps: int = 1500
+    lr: float = 1e-3
+    batch_size: int = 128
+    # Stop once *sampled* (T=1) dev accuracy reaches this (greedy accuracy overstates readiness for RL).
+    target_sampled_dev_accuracy: float = 0.30
+    # Check the stopping rule every this many steps.
+    eval_every: int = 50
+    # Reuse a cached warmed-up checkpoint keyed by model, task, warm-up config and seed.
+    cache: bool = True
+
+
+@dataclass
+class TrainerConfig:
+    # RL steps (one rollout batch each); the run stops at whichever budget is reached first.
+    total_steps: int = 150
+    # Budget in generated completions (null = none): holds sampling cost fixed across group sizes.
+    total_samples: Optional[int] = None
+    # Prompts per step (each sampled group_size times).
+    prompts_per_step: int = 32
+    # Greedy held-out evaluation every this many steps (0 = only before and after).
+    eval_every: int = 50
+    # Held-out prompts used for evaluation ("test" split).
+    eval_split: str = "test"
+    # Save the final policy under <run_dir>/checkpoints/final.
+    save_checkpoint: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    # "wandb" or "none"; metrics.jsonl and summary.json are written either way.
+    backend: str = "wandb"
+    project: str = "grpo_lab"
+    # wandb mode: "offline" unless the user configured wandb online (WANDB_MODE / `wandb login`); null = auto.
+    mode: Optional[str] = None
+    entity: Optional[str] = None
+    # wandb group; multirun jobs default to the sweep's name.
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0
+    # Derived at start (see derive_run_name) unless set.
+    run_name: Optional[str] = None
+    # Shared cache for built models and warmed-up checkpoints (relative to the launch directory).
+    cache_dir: str = ".cache/grpo_lab"
+
+
+def register_configs() -> None:
+    """Store the schema so `conf/config.yaml` can list `base_config` first in its defaults."""
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message says what to change."""
+
+
+def _check(ok: bool, message: str, errors: list[str]) -> None:
+    if not ok:
+        errors.append(message)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check value constraints before any expensive work; raise ConfigError listing every problem."""
+    # Imported here so that `config.py` stays importable without torch for tooling.
+    from grpo_lab.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from grpo_lab.rewards import REWARDS
+
+    a, r, t, ln = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.learner
+    errors: list[str] = []
+
+    def registered(registry, name: str, key: str) -> None:
+        _check(name in registry, f"{key}={name!r} is not registered; valid choices: "
+               f"{', '.join(sorted(registry.names()))}", errors)
+
+    registered(ADVANTAGE_ESTIMATORS, a.advantage, "algorithm.advantage")
+    registered(POLICY_LOSSES, a.policy_loss, "algorithm.policy_loss")
+    registered(AGGREGATIONS, a.aggregation, "algorithm.aggregation")
+    registered(KL_ESTIMATORS, a.kl.estimator, "algorithm.kl.estimator")
+    for name in cfg.reward.weights:
+        registered(REWARDS, name, f"reward.weights.{name}")
+    _check(a.objective in ("policy_gradient", "preference"),
+           f"algorithm.objective={a.objective!r}; valid choices: policy_gradient, preference", errors)
+
+    _check(r.group_size >= 1, f"rollout.group_size={r.group_size} must be >= 1", errors)
+    if a.advantage in ("group_zscore", "rloo") and a.objective == "policy_gradient":
+        _check(r.group_size >= 2,
+               f"rollout.group_size={r.group_size} gives every group a single sample, so "
+               f"algorithm.advantage={a.advantage} is 0 for all of them and nothing is learned; raise "
+               f"rollout.group_size to >= 2 or set algorithm.advantage=reinforce_pp (batch-level baseline)",
+               errors)
+    if a.objective == "preference" and a.preference.pairs == "policy":
+        _check(r.group_size >= 2, f"rollout.group_size={r.group_size}: preference pairs from the policy's own "
+               "groups need at least 2 samples per prompt; raise rollout.group_size", errors)
+    for key in ("clip_low", "clip_high"):
+        v = a[key]
+        _check(0.0 < v < 1.0, f"algorithm.{key}={v} must lie in (0, 1): the ratio is clipped to "
+               "[1 − clip_low, 1 + clip_high] (e.g. 0.2; DAPO uses clip_high=0.28)", errors)
+    if a.dual_clip is not None:
+        _check(a.dual_clip > 1.0, f"algorithm.dual_clip={a.dual_clip} must be > 1 (the paper uses 3) or null", errors)
+    _check(a.kl.coef >= 0.0, f"algorithm.kl.coef={a.kl.coef} must be >= 0 (0 = no reference model)", errors)
+    _check(a.kl.placement in ("loss", "reward"),
+           f"algorithm.kl.placement={a.kl.placement!r}; valid choices: loss, reward", errors)
+    _check(a.epochs >= 1 and a.minibatches >= 1,
+           f"algorithm.epochs={a.epochs} and algorithm.minibatches={a.minibatches} must be >= 1", errors)
+    _check(a.entropy_coef >= 0.0, f"algorithm.entropy_coef={a.entropy_coef} must be >= 0", errors)
+    if a.tis_cap is not None:
+        _check(a.tis_cap >= 1.0, f"algorithm.tis_cap={a.tis_cap} must be >= 1 (typical 2) or null", errors)
+    if a.advantage == "gae":
+        _check(a.critic.enabled, "algorithm.advantage=gae needs a value model: set algorithm.critic.enabled=true "
+               "(or use algorithm=ppo)", errors)
+    if a.reward_ema_decay is not None:
+        _check(0.0 < a.reward_ema_decay < 1.0,
+               f"algorithm.reward_ema_decay={a.reward_ema_decay} must lie in (0, 1) or be null", errors)
+    _check(a.overlong.soft_buffer >= 0, "algorithm.overlong.soft_buffer must be >= 0 (0 = off)", errors)
+    if a.overlong.soft_buffer > 0:
+        _check(a.overlong.soft_buffer < r.max_new_tokens,
+               f"algorithm.overlong.soft_buffer={a.overlong.soft_buffer} must be smaller than "
+               f"rollout.max_new_tokens={r.max_new_tokens}", errors)
+    _check(a.dynamic_sampling.max_rounds >= 1, "algorithm.dynamic_sampling.max_rounds must be >= 1", errors)
+
+    _check(r.engine in ("vllm", "hf"), f"rollout.engine={r.engine!r}; valid choices: vllm, hf", errors)
+    _check(0.0 < r.gpu_memory_utilization <= 1.0,
+           f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "
+           "is the fraction of RAM for the KV cache (0.1 works on a 24 GiB machine)", errors)
+    _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
+    _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
+    _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)
+
+    _check(ln.lr > 0, f"learner.lr={ln.lr} must be > 0", errors)
+    _check(ln.micro_batch_size >= 1, f"learner.micro_batch_size={ln.micro_batch_size} must be >= 1", errors)
+    _check(ln.device in ("auto", "cpu", "cuda"), f"learner.device={ln.device!r}; valid choices: auto, cpu, cuda", errors)
+    batch = t.prompts_per_step * r.group_size
+    _check(t.prompts_per_step >= 1, "trainer.prompts_per_step must be >= 1", errors)
+    _check(a.minibatches <= max(batch, 1),
+           f"algorithm.minibatches={a.minibatches} exceeds the {batch} sequences per step", errors)
+    _check(t.total_steps >= 0, "trainer.total_steps must be >= 0", errors)
+    if t.total_samples is not None:
+        _check(t.total_samples >= batch, f"trainer.total_samples={t.total_samples} is smaller than one step's "
+               f"{batch} samples (prompts_per_step × group_size)", errors)
+    _check(t.eval_split in ("dev", "test"), f"trainer.eval_split={t.eval_split!r}; valid choices: dev, test", errors)
+    _check(cfg.logger.backend in ("wandb", "none"),
+           f"logger.backend={cfg.logger.backend!r}; valid choices: wandb, none (or logger=none)", errors)
+    _check(0.0 <= cfg.warmup.target_sampled_dev_accuracy <= 1.0,
+           "warmup.target_sampled_dev_accuracy must lie in [0, 1]", errors)
+
+    if errors:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def _short(x: float) -> str:
+    return f"{x:g}"
+
+
+def derive_run_name(cfg: DictConfig) -> str:
+    """Run name from the settings researchers compare: algorithm, group size, clip, KL, seed."""
+    a = cfg.algorithm
+    clip = _short(a.clip_low) if a.clip_low == a.clip_high else f"{_short(a.clip_low)}-{_short(a.clip_high)}"
+    return (f"{a.name}_G{cfg.rollout.group_size}_clip{clip}_kl{_short(a.kl.coef)}"
+            f"{'' if a.kl.coef == 0 else a.kl.estimator}_s{cfg.seed}")
+
+
+def finalize(cfg: DictConfig) -> DictConfig:
+    """Fill derived values once and resolve interpolations: the returned config is what is run and logged."""
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    OmegaConf.set_struct(cfg, False)
+    if not cfg.run_name:
+        cfg.run_name = derive_run_name(cfg)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+__all__ = ["Config", "ConfigError", "register_configs", "validate", "finalize", "derive_run_name", "to_yaml",
+           "MISSING"]

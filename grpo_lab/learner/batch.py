@@ -1,0 +1,100 @@
+"""Rollouts as padded tensors for the learner.
+
+Layout of one row (P = longest prompt, T = longest completion):
+
+    [pad … pad  p_1 … p_k][c_1 … c_m  pad … pad]
+     └──── left-padded prompt (P) ───┘└──── right-padded completion (T) ────┘
+
+so completion token t of every row sits at column P + t and is predicted by the logits at column
+P + t − 1: one slice serves the whole batch. Position ids count real tokens only, so a row's
+logits do not depend on how much padding its batch needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TensorBatch:
+    """Named tensors with a shared first dimension N (sequences), plus the prompt width P."""
+
+    tensors: dict[str, torch.Tensor]
+    prompt_width: int
+    extras: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return next(iter(self.tensors.values())).shape[0]
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        assert value.shape[0] == len(self), f"{key}: first dim {value.shape[0]} != batch size {len(self)}"
+        self.tensors[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors
+
+    def index(self, idx: torch.Tensor) -> "TensorBatch":
+        return TensorBatch({k: v[idx] for k, v in self.tensors.items()}, self.prompt_width, self.extras)
+
+    def to(self, device: torch.device) -> "TensorBatch":
+        return TensorBatch({k: v.to(device) for k, v in self.tensors.items()}, self.prompt_width, self.extras)
+
+
+def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
+            sampler_logprobs: list[list[float]] | None = None) -> TensorBatch:
+    """Pad N (prompt, completion) pairs into the layout above.
+
+    Returns tensors: input_ids, attention_mask, position_ids [N, P+T]; completion_ids,
+    response_mask [N, T]; sampler_logprobs [N, T] when given (0 at padding).
+    """
+    n = len(prompt_ids)
+    P = max(len(p) for p in prompt_ids)
+    T = max(1, max(len(c) for c in completion_ids))
+    input_ids = torch.full((n, P + T), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, P + T), dtype=torch.long)
+    response_mask = torch.zeros((n, T), dtype=torch.float32)
+    old = torch.zeros((n, T), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        attention[i, P - len(p):P] = 1
+        if c:
+            input_ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
+            attention[i, P:P + len(c)] = 1
+            response_mask[i, :len(c)] = 1.0
+            if sampler_logprobs is not None:
+                old[i, :len(c)] = torch.tensor(sampler_logprobs[i], dtype=torch.float32)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    tensors = {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
+               "completion_ids": input_ids[:, P:].clone(), "response_mask": response_mask}
+    if sampler_logprobs is not None:
+        tensors["sampler_logprobs"] = old
+    return TensorBatch(tensors, P)
+
+
+def completion_logits(model, batch: TensorBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Logits [N, T, V] that predict each completion token, divided by the sampling temperature."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False)
+    P, T = batch.prompt_width, batch["completion_ids"].shape[1]
+    return out.logits[:, P - 1:P - 1 + T].float() / temperature          # [N, T, V]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[token] per position: [N, T, V], [N, T] -> [N, T]."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Prompt ids: <bos> + the text's tokens (tokenizers here never add specials themselves)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
+
+
+def encode_target(tokenizer, text: str) -> list[int]:
+    """Supervised target ids: the text's tokens + <eos>, so the model learns to stop."""
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]

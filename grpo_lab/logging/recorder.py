@@ -1,0 +1,91 @@
+"""One call site for everything a run records.
+
+Every run writes, under its directory: `config.yaml` (the resolved config actually run),
+`metrics.jsonl` (one line per step, plus eval lines), `summary.json` (status, error, initial and
+final metrics) — so the table makers never depend on a wandb server. When `logger.backend=wandb`
+the same metrics go to wandb (offline unless the user configured it online), with run name,
+group, job_type and tags derived from the config and the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+
+def wandb_mode(configured: str | None) -> str:
+    """`logger.mode` if set; else WANDB_MODE; else online only when credentials exist, offline otherwise."""
+    if configured:
+        return configured
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    netrc = Path.home() / ".netrc"
+    has_key = bool(os.environ.get("WANDB_API_KEY")) or (netrc.exists() and "api.wandb.ai" in netrc.read_text())
+    return "online" if has_key else "offline"
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not (isinstance(v, float) and not math.isfinite(v))
+
+
+class RunRecorder:
+    def __init__(self, run_dir: Path, cfg: DictConfig, *, overrides: list[str], sweep: str | None,
+                 swept_keys: list[str]):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.cfg, self.overrides, self.start = cfg, overrides, time.time()
+        (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        self.metrics_file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self.initial: dict = {}
+        self.last: dict = {}
+        self.step = self.samples = 0
+        self.wandb = None
+        if cfg.logger.backend == "wandb":
+            import wandb
+
+            values = dict(o.split("=", 1) for o in overrides if "=" in o)
+            tags = [f"{k}={values[k]}" for k in swept_keys if k in values] + list(cfg.logger.tags)
+            self.wandb = wandb.init(
+                project=cfg.logger.project, entity=cfg.logger.entity, name=cfg.run_name,
+                group=cfg.logger.group or sweep, job_type=cfg.algorithm.name, tags=tags or None,
+                config=OmegaConf.to_container(cfg, resolve=True), dir=str(self.run_dir),
+                mode=wandb_mode(cfg.logger.mode), reinit="finish_previous",
+                settings=wandb.Settings(console="off", silent=True))
+
+    def log(self, metrics: dict, *, step: int, samples: int) -> None:
+        """Append one line to metrics.jsonl and send the same metrics to wandb."""
+        self.step, self.samples = step, samples
+        record = {"step": step, "samples": samples, "wall_time_s": round(time.time() - self.start, 3)}
+        record.update({k: (float(v) if _finite(v) else None) for k, v in metrics.items()})
+        self.metrics_file.write(json.dumps(record) + "\n")
+        for k, v in metrics.items():
+            if k.startswith("eval/") and k not in self.initial:
+                self.initial[k] = v
+        self.last.update(metrics)
+        if self.wandb is not None:
+            self.wandb.log({**metrics, "samples": samples}, step=step)
+
+    def finish(self, *, status: str, error: BaseException | None = None, extra: dict | None = None) -> dict:
+        summary = {
+            "status": status,
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "traceback": None if error is None else "".join(traceback.format_exception(error))[-4000:],
+            "run_name": self.cfg.run_name, "overrides": self.overrides,
+            "initial": self.initial, "final": {k: v for k, v in self.last.items() if _finite(v)},
+            "steps": self.step, "samples": self.samples, "wall_time_s": round(time.time() - self.start, 2),
+            **(extra or {}),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.metrics_file.close()
+        if self.wandb is not None:
+            for k, v in summary["final"].items():
+                self.wandb.summary[k] = v
+            self.wandb.summary["status"] = status
+            self.wandb.finish(exit_code=0 if status == "completed" else 1)
+        return summary

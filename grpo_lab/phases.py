@@ -1,0 +1,240 @@
+"""The phases of one RL step, each a short function the train loop calls in order:
+
+    prompts ─▶ rollout_phase ─▶ reward_phase ─▶ (collect_phase: DAPO dynamic sampling)
+            ─▶ to_learner_batch ─▶ Learner.score ─▶ advantage_phase ─▶ Learner.update ─▶ sync
+    and evaluate() for greedy held-out accuracy.
+
+No formula lives here: the math is in grpo_lab/algos, reached through its registries.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, best_of_group_mask, ema_reward_normalize,
+                            group_stats, informative_group_mask, soft_overlong_penalty)
+from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
+from grpo_lab.rewards import compute_rewards, is_correct
+from grpo_lab.rollout import Rollout
+
+
+class PromptStream:
+    """Endless stream of training items: shuffled passes over the train split (seeded)."""
+
+    def __init__(self, items: list, seed: int):
+        self.items, self.rng, self.order = items, random.Random(seed), []
+
+    def take(self, k: int) -> list:
+        out = []
+        while len(out) < k:
+            if not self.order:
+                self.order = list(range(len(self.items)))
+                self.rng.shuffle(self.order)
+            out.append(self.items[self.order.pop()])
+        return out
+
+
+@dataclass
+class ScoredRollout:
+    """A rollout with, per sequence, its task item and its (shaped) scalar reward."""
+
+    rollout: Rollout
+    items: list
+    rewards: torch.Tensor                     # [N] reward used for learning (after shaping)
+    correct: torch.Tensor                     # [N] 1.0 where the task's scorer says correct
+
+    def select(self, keep: list[int]) -> "ScoredRollout":
+        return ScoredRollout(self.rollout.select(keep), [self.items[i] for i in keep],
+                             self.rewards[keep], self.correct[keep])
+
+    @staticmethod
+    def concat(parts: list["ScoredRollout"]) -> "ScoredRollout":
+        offset, shifted = 0, []
+        for p in parts:  # keep group ids unique across sampling rounds
+            r = p.rollout.select(list(range(len(p.rollout))))
+            r.group_ids = [g + offset for g in r.group_ids]
+            offset = max(r.group_ids, default=offset - 1) + 1
+            shifted.append(r)
+        return ScoredRollout(Rollout.concat(shifted), [i for p in parts for i in p.items],
+                             torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]))
+
+
+def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: int, seed: int) -> Rollout:
+    """Sample `group_size` completions for each item's prompt."""
+    prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
+    return engine.generate(prompts, n=group_size, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
+                           max_new_tokens=rollout_cfg.max_new_tokens, seed=seed)
+
+
+def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new_tokens: int) -> tuple[ScoredRollout, dict]:
+    """Weighted sum of the registered reward functions, plus DAPO's soft overlong punishment."""
+    seq_items = [items[g] for g in rollout.group_ids]
+    total, per_fn = compute_rewards(rollout.texts, seq_items, list(reward_cfg.weights.items()))
+    rewards = torch.tensor(total, dtype=torch.float32)
+    correct = torch.tensor([float(is_correct(t, it)) for t, it in zip(rollout.texts, seq_items)])
+    metrics = {f"reward/{name}": float(sum(v) / max(len(v), 1)) for name, v in per_fn.items()}
+    if algo_cfg.overlong.soft_buffer > 0:
+        lengths = torch.tensor([len(c) for c in rollout.completion_ids])
+        penalty = soft_overlong_penalty(lengths, max_len=max_new_tokens, buffer_len=algo_cfg.overlong.soft_buffer,
+                                        penalty=algo_cfg.overlong.soft_penalty)
+        rewards = rewards + penalty
+        metrics["reward/overlong_penalty"] = float(penalty.mean())
+    return ScoredRollout(rollout, seq_items, rewards, correct), metrics
+
+
+class GroupSampler:
+    """`sampler(k)`: k fresh training prompts -> rollout -> rewards, timing both phases.
+
+    Each call draws a new seed, so rounds of dynamic sampling and steps never repeat samples.
+    """
+
+    def __init__(self, engine, tokenizer, stream: PromptStream, cfg, *, seed: int):
+        self.engine, self.tokenizer, self.stream, self.cfg = engine, tokenizer, stream, cfg
+        self.calls, self.seed = 0, seed
+        self.reset()
+
+    def reset(self) -> None:
+        self.timings = {"rollout": 0.0, "reward": 0.0}
+        self.reward_metrics: dict = {}
+
+    def __call__(self, k: int) -> ScoredRollout:
+        items = self.stream.take(k)
+        self.calls += 1
+        t0 = time.time()
+        rollout = rollout_phase(self.engine, self.tokenizer, items, self.cfg.rollout,
+                                group_size=self.cfg.rollout.group_size, seed=self.seed * 1_000_003 + self.calls * 10_007)
+        t1 = time.time()
+        scored, self.reward_metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
+                                                   max_new_tokens=self.cfg.rollout.max_new_tokens)
+        self.timings["rollout"] += t1 - t0
+        self.timings["reward"] += time.time() - t1
+        return scored
+
+
+def collect_phase(sample, prompts_per_step: int, *, dynamic: bool, max_rounds: int) -> tuple[ScoredRollout, dict]:
+    """One step's batch. With DAPO dynamic sampling (arXiv 2503.14476 §3.2), groups whose rewards all
+    agree (zero advantage, zero gradient) are dropped and new prompts sampled until
+    `prompts_per_step` informative groups are collected; more than `max_rounds` rounds is an error.
+
+    `sample(k)` -> ScoredRollout for k fresh prompts.
+    """
+    first = sample(prompts_per_step)
+    stats = group_stats(first.rewards, torch.tensor(first.rollout.group_ids))
+    metrics = {"rollout/zero_adv_group_frac": float(stats["zero_adv_group_frac"]),
+               "rollout/group_reward_std": float(stats["group_reward_std"]), "rollout/sampling_rounds": 1.0}
+    if not dynamic:
+        return first, metrics
+    kept, groups, rounds, generated = [], 0, 0, 0
+    batch = first
+    while True:
+        rounds += 1
+        generated += len(batch.rollout)
+        keep = informative_group_mask(batch.rewards, torch.tensor(batch.rollout.group_ids))
+        idx = torch.nonzero(keep).flatten().tolist()
+        if idx:
+            part = batch.select(idx)
+            kept.append(part)
+            groups += len(set(part.rollout.group_ids))
+        if groups >= prompts_per_step:
+            break
+        if rounds >= max_rounds:
+            raise RuntimeError(
+                f"dynamic sampling found {groups} of {prompts_per_step} informative groups in {rounds} rounds "
+                f"(algorithm.dynamic_sampling.max_rounds): nearly every group's rewards agree, so the task is too "
+                f"easy or too hard for this policy. Raise algorithm.dynamic_sampling.max_rounds or "
+                f"rollout.group_size, or turn it off with algorithm.dynamic_sampling.enabled=false")
+        batch = sample(prompts_per_step)
+    merged = ScoredRollout.concat(kept)
+    # Trim to exactly prompts_per_step groups (DAPO keeps the batch size fixed).
+    first_groups = sorted(set(merged.rollout.group_ids))[:prompts_per_step]
+    wanted = set(first_groups)
+    merged = merged.select([i for i, g in enumerate(merged.rollout.group_ids) if g in wanted])
+    metrics.update({"rollout/sampling_rounds": float(rounds), "rollout/generated_samples": float(generated)})
+    return merged, metrics
+
+
+def to_learner_batch(scored: ScoredRollout, tokenizer) -> TensorBatch:
+    r = scored.rollout
+    batch = collate(r.prompt_ids, r.completion_ids, tokenizer.pad_token_id, r.sampler_logprobs)
+    batch["group_ids"] = torch.tensor(r.group_ids, dtype=torch.long)
+    batch["rewards"] = scored.rewards
+    batch["truncated"] = torch.tensor(r.truncated, dtype=torch.bool)
+    return batch
+
+
+class RewardNormalizer:
+    """Running (EMA) reward normalisation state; the update itself is the pure function in algos."""
+
+    def __init__(self, decay: float | None):
+        self.decay, self.mean, self.var, self.count = decay, 0.0, 1.0, 0
+
+    def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
+        if self.decay is None:
+            return rewards
+        out, self.mean, self.var, self.count = ema_reward_normalize(rewards, self.mean, self.var, self.count,
+                                                                    decay=self.decay)
+        return out
+
+
+def advantage_phase(batch: TensorBatch, algo_cfg, *, normalizer: RewardNormalizer) -> dict:
+    """Token rewards -> registered advantage estimator; sets advantages, returns, loss_mask (and anchor)."""
+    mask = batch["response_mask"]
+    rewards = normalizer(batch["rewards"])
+    # The scalar outcome reward sits on the last real token (outcome-reward convention of verl/OpenRLHF).
+    last = (mask.sum(-1).long() - 1).clamp(min=0)                        # [N]
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(len(batch)), last] = rewards * (mask.sum(-1) > 0)
+    metrics = {}
+    if algo_cfg.kl.coef > 0 and algo_cfg.kl.placement == "reward":
+        # KL inside the reward (PPO / REINFORCE++): r_t -= β · KL_t(π_old || π_ref).
+        kl = KL_ESTIMATORS.get(algo_cfg.kl.estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
+        token_rewards = token_rewards - algo_cfg.kl.coef * kl
+        metrics["reward/kl_penalty"] = float(kl.sum() / mask.sum().clamp(min=1))
+    advantages, returns = ADVANTAGE_ESTIMATORS.get(algo_cfg.advantage)(
+        token_rewards, mask, batch["group_ids"], batch["old_values"] if "old_values" in batch else None,
+        eps=algo_cfg.adv_eps, gamma=algo_cfg.gamma, lam=algo_cfg.lam)
+    batch["advantages"], batch["returns"] = advantages, returns
+    loss_mask = mask.clone()
+    if algo_cfg.overlong.filter:
+        # DAPO overlong filtering: truncated samples carry no reward signal about the answer.
+        loss_mask = loss_mask * (~batch["truncated"]).float()[:, None]
+    batch["loss_mask"] = loss_mask
+    if algo_cfg.sft_anchor_coef > 0:
+        batch["anchor_weight"] = best_of_group_mask(batch["rewards"], batch["group_ids"]).float()
+    real = mask.sum(-1) > 0
+    metrics["actor/advantage_abs_mean"] = float(advantages.abs().sum() / mask.sum().clamp(min=1))
+    metrics["rollout/overlong_filtered_frac"] = float(1.0 - loss_mask.sum() / mask.sum().clamp(min=1))
+    metrics["reward/mean_used"] = float(rewards[real].mean()) if real.any() else 0.0
+    return metrics
+
+
+def rollout_metrics(scored: ScoredRollout) -> dict:
+    """Lengths, correctness and truncation of the sampled completions."""
+    lengths = torch.tensor([len(c) for c in scored.rollout.completion_ids], dtype=torch.float32)
+    wrong = scored.correct < 0.5
+    return {
+        "reward/mean": float(scored.rewards.mean()),
+        "reward/correct_frac": float(scored.correct.mean()),
+        "rollout/completion_len_mean": float(lengths.mean()),
+        "rollout/wrong_len_mean": float(lengths[wrong].mean()) if wrong.any() else 0.0,
+        "rollout/truncated_frac": float(torch.tensor(scored.rollout.truncated, dtype=torch.float32).mean()),
+        "rollout/samples": float(len(scored.rollout)),
+    }
+
+
+def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int) -> dict:
+    """Greedy accuracy on held-out items, and the mean completion length of right and wrong answers."""
+    prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
+    out = engine.generate(prompts, n=1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=0,
+                          logprobs=False)
+    correct = [is_correct(t, it) for t, it in zip(out.texts, items)]
+    lengths = [len(c) for c in out.completion_ids]
+    wrong = [n for n, ok in zip(lengths, correct) if not ok]
+    return {"eval/accuracy": sum(correct) / max(len(items), 1),
+            "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
+            "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,
+            "eval/n": float(len(items))}
