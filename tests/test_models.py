@@ -104,6 +104,7 @@ def test_tiny_llama_builder_writes_loadable_dir_and_is_idempotent(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(p)
     tok = AutoTokenizer.from_pretrained(p)
     assert model.config.vocab_size == len(tok) == 17
+    assert tok.model_max_length == model.config.max_position_embeddings == 256
     # a second call returns the same directory untouched
     mtime = (p / "model.safetensors").stat().st_mtime_ns
     p2 = build(out, alphabet=CHAIN_SUM_ALPHABET, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

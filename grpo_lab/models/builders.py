@@ -104,6 +104,7 @@ def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
         return out_dir
     tokenizer = build_char_tokenizer(alphabet)
     model = build_tiny_llama(tokenizer, **model_kwargs)
+    tokenizer.model_max_length = model.config.max_position_embeddings
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
