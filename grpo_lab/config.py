@@ -156,7 +156,7 @@ class TaskConfig:
 @dataclass
 class RewardConfig:
     # Registered reward functions (grpo_lab/rewards) and their weights; the reward is the weighted sum.
-    weights: Dict[str, float] = field(default_factory=lambda: {"correctness": 1.0})
+    weights: Dict[str, float] = field(default_factory=lambda: {"correctness_binary": 1.0})
 
 
 @dataclass

@@ -57,7 +57,7 @@ def build_task(cfg: DictConfig):
 def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dict]:
     """Model built from config (cached), then supervised warm-up (cached): the RL starting point."""
     cache = Path(cfg.cache_dir)
-    model_kwargs = OmegaConf.to_container(cfg.model, resolve=True)
+    model_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if v is not None}
     builder = MODEL_BUILDERS.get(model_kwargs.pop("builder"))
     alphabet = task.alphabet()
     base_dir = cache / "models" / cache_key(cfg.model, alphabet, cfg.seed)
