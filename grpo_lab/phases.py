@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, best_of_group_mask, ema_reward_normalize,
-                            group_stats, informative_group_mask, soft_overlong_penalty)
-from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
+from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, best_of_group_mask, best_worst_pairs,
+                            ema_reward_normalize, group_preference_pairs, group_stats, informative_group_mask,
+                            soft_overlong_penalty)
+from grpo_lab.algos.registry import Registry
+from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt, pair_batch
 from grpo_lab.rewards import compute_rewards, is_correct
 from grpo_lab.rollout import Rollout
 
@@ -115,6 +117,56 @@ class GroupSampler:
         return scored
 
 
+class PairFileSampler(GroupSampler):
+    """Offline preference pairs from a local JSONL file ({"prompt", "chosen", "rejected"} per line):
+    each pair becomes a group of two sequences with rewards 1 (chosen) and 0 (rejected), so the same
+    preference phase and learner serve offline DPO and DPO on the policy's own groups."""
+
+    def __init__(self, path: str, tokenizer, *, seed: int):
+        import json
+        from pathlib import Path
+
+        from grpo_lab.learner.batch import encode_target
+        file = Path(path)
+        if not file.is_file():
+            raise FileNotFoundError(f"algorithm.preference.pairs={path!r} is not a file; give a JSONL file with "
+                                    "prompt/chosen/rejected fields, or pairs=policy to pair the policy's own samples")
+        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        missing = [k for k in ("prompt", "chosen", "rejected") if rows and k not in rows[0]]
+        if not rows or missing:
+            raise ValueError(f"{path}: need JSONL lines with prompt, chosen and rejected fields (missing: {missing})")
+        self.pairs = [(encode_prompt(tokenizer, r["prompt"]), encode_target(tokenizer, r["chosen"]),
+                       encode_target(tokenizer, r["rejected"]), r) for r in rows]
+        self.stream = PromptStream(list(range(len(self.pairs))), seed)
+        self.tokenizer = tokenizer
+        self.reset()
+
+    def __call__(self, k: int) -> ScoredRollout:
+        t0 = time.time()
+        out, items = Rollout([], [], [], [], [], [], meta={"offline": True}), []
+        for g, i in enumerate(self.stream.take(k)):
+            prompt, chosen, rejected, row = self.pairs[i]
+            for ids, text in ((chosen, row["chosen"]), (rejected, row["rejected"])):
+                out.prompt_ids.append(prompt)
+                out.completion_ids.append(ids)
+                out.sampler_logprobs.append([0.0] * len(ids))    # not sampled: no sampler logprobs
+                out.texts.append(text)
+                out.group_ids.append(g)
+                out.truncated.append(False)
+                items.append(row)
+        self.timings["rollout"] += time.time() - t0
+        n = len(out)
+        return ScoredRollout(out, items, torch.tensor([1.0, 0.0] * (n // 2)), torch.tensor([1.0, 0.0] * (n // 2)))
+
+
+def make_sampler(cfg, engine, tokenizer, train_items: list) -> GroupSampler:
+    """Where a step's sequences come from: the engine's groups, or a local file of preference pairs."""
+    pref = cfg.algorithm.preference
+    if cfg.algorithm.objective == "preference" and pref.pairs != "policy":
+        return PairFileSampler(pref.pairs, tokenizer, seed=cfg.seed)
+    return GroupSampler(engine, tokenizer, PromptStream(train_items, cfg.seed), cfg, seed=cfg.seed)
+
+
 def collect_phase(sample, prompts_per_step: int, *, dynamic: bool, max_rounds: int) -> tuple[ScoredRollout, dict]:
     """One step's batch. With DAPO dynamic sampling (arXiv 2503.14476 §3.2), groups whose rewards all
     agree (zero advantage, zero gradient) are dropped and new prompts sampled until
@@ -163,6 +215,7 @@ def to_learner_batch(scored: ScoredRollout, tokenizer) -> TensorBatch:
     batch["group_ids"] = torch.tensor(r.group_ids, dtype=torch.long)
     batch["rewards"] = scored.rewards
     batch["truncated"] = torch.tensor(r.truncated, dtype=torch.bool)
+    batch.extras["offline"] = bool(r.meta.get("offline"))
     return batch
 
 
@@ -180,7 +233,13 @@ class RewardNormalizer:
         return out
 
 
-def advantage_phase(batch: TensorBatch, algo_cfg, *, normalizer: RewardNormalizer) -> dict:
+# How a scored batch becomes what the objective trains on: advantages for the policy gradient,
+# (chosen, rejected) pairs for preference losses. Keyed by algorithm.objective.
+PREPARE_BATCH = Registry("batch preparation")
+
+
+@PREPARE_BATCH.register("policy_gradient")
+def advantage_phase(batch: TensorBatch, algo_cfg, *, normalizer: "RewardNormalizer") -> tuple[TensorBatch, dict]:
     """Token rewards -> registered advantage estimator; sets advantages, returns, loss_mask (and anchor)."""
     mask = batch["response_mask"]
     rewards = normalizer(batch["rewards"])
@@ -209,7 +268,24 @@ def advantage_phase(batch: TensorBatch, algo_cfg, *, normalizer: RewardNormalize
     metrics["actor/advantage_abs_mean"] = float(advantages.abs().sum() / mask.sum().clamp(min=1))
     metrics["rollout/overlong_filtered_frac"] = float(1.0 - loss_mask.sum() / mask.sum().clamp(min=1))
     metrics["reward/mean_used"] = float(rewards[real].mean()) if real.any() else 0.0
-    return metrics
+    return batch, metrics
+
+
+@PREPARE_BATCH.register("preference")
+def preference_phase(batch: TensorBatch, algo_cfg, *, normalizer: "RewardNormalizer") -> tuple[TensorBatch, dict]:
+    """(chosen, rejected) pairs from each scored group: best vs worst (dpo) or every ordered pair,
+    optionally Bradley-Terry weighted (group_dpo)."""
+    pref = algo_cfg.preference
+    if pref.loss == "group_dpo":
+        chosen, rejected, weights = group_preference_pairs(batch["rewards"], batch["group_ids"],
+                                                           bt_weighting=pref.bt_weighting)
+    else:
+        chosen, rejected, weights = best_worst_pairs(batch["rewards"], batch["group_ids"])
+    metrics = {"rollout/preference_pairs": float(len(chosen))}
+    if len(chosen) == 0:
+        raise RuntimeError("no preference pairs: every group's rewards agree. Raise rollout.group_size or "
+                           "turn on algorithm.dynamic_sampling.enabled=true to keep only informative groups")
+    return pair_batch(batch, chosen, rejected, weights), metrics
 
 
 def rollout_metrics(scored: ScoredRollout) -> dict:

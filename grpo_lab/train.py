@@ -29,8 +29,8 @@ from grpo_lab.learner.learner import Learner, resolve_device
 from grpo_lab.learner.sft import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.models import MODEL_BUILDERS
-from grpo_lab.phases import (GroupSampler, PromptStream, RewardNormalizer, advantage_phase, collect_phase,
-                             evaluate, rollout_metrics, to_learner_batch)
+from grpo_lab.phases import (PREPARE_BATCH, RewardNormalizer, collect_phase, evaluate, make_sampler, rollout_metrics,
+                             to_learner_batch)
 from grpo_lab.rollout import make_engine
 from grpo_lab.tasks import TASKS
 
@@ -85,12 +85,13 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
     policy_dir, warm = build_policy(cfg, task, device)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
     learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm,
-                      temperature=cfg.rollout.temperature, seed=cfg.seed)
+                      temperature=cfg.rollout.temperature, seed=cfg.seed,
+                      max_completion_len=cfg.rollout.max_new_tokens)
     engine = make_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
     a, t, G = cfg.algorithm, cfg.trainer, cfg.rollout.group_size
     eval_items = task.splits[t.eval_split]
     max_new = cfg.rollout.max_new_tokens
-    sampler = GroupSampler(engine, tokenizer, PromptStream(task.splits["train"], cfg.seed), cfg, seed=cfg.seed)
+    sampler = make_sampler(cfg, engine, tokenizer, task.splits["train"])
     normalizer = RewardNormalizer(a.reward_ema_decay)
     try:
         before = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
@@ -109,7 +110,8 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
             t0 = time.time()
             batch = to_learner_batch(scored, tokenizer)
             metrics.update(learner.score(batch))
-            metrics.update(advantage_phase(batch, a, normalizer=normalizer))
+            batch, prep_metrics = PREPARE_BATCH.get(a.objective)(batch, a, normalizer=normalizer)
+            metrics.update(prep_metrics)
             anchor = a.sft_anchor_coef * min(1.0, step / a.sft_anchor_warmup) if a.sft_anchor_warmup else a.sft_anchor_coef
             metrics.update(learner.update(batch, anchor_coef=anchor))
             t_learn = time.time() - t0

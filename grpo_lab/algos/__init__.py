@@ -29,7 +29,7 @@ from .policy_losses import (
     truncated_is_weights,
     vanilla_pg,
 )
-from .preference import dpo_loss, group_preference_pairs, sequence_logps
+from .preference import best_worst_pairs, dpo_loss, group_preference_pairs, sequence_logps
 from .registry import Registry, UnknownChoiceError
 from .shaping import (
     best_of_group_mask,
@@ -59,6 +59,7 @@ __all__ = [
     "group_mean",
     "group_mean_batch_std",
     "group_preference_pairs",
+    "best_worst_pairs",
     "group_stats",
     "group_zscore",
     "gspo",

@@ -97,3 +97,24 @@ def sequence_logps(token_logprobs: Tensor, response_mask: Tensor) -> Tensor:
     return torch.where(
         mask, token_logprobs, torch.zeros((), dtype=token_logprobs.dtype, device=token_logprobs.device)
     ).sum(-1)
+
+
+def best_worst_pairs(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One (chosen, rejected) pair per group: its highest- and lowest-reward sequence (first index on
+    ties); groups whose rewards all agree give no pair. This is how DPO is run on the policy's own
+    scored groups (on-policy / "online" DPO); group_preference_pairs uses every ordered pair instead.
+
+    Shapes: rewards [N], group_ids [N] -> (chosen_idx [P], rejected_idx [P], weights [P] = 1).
+    """
+    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
+        raise ValueError("rewards and group_ids must both be [N]")
+    chosen, rejected = [], []
+    for g in torch.unique(group_ids, sorted=True).tolist():
+        idx = torch.nonzero(group_ids == g).flatten()         # [G] positions of this group
+        r = rewards[idx]
+        best, worst = idx[torch.argmax(r)], idx[torch.argmin(r)]
+        if r.max() > r.min():
+            chosen.append(int(best))
+            rejected.append(int(worst))
+    c = torch.tensor(chosen, dtype=torch.long)
+    return c, torch.tensor(rejected, dtype=torch.long), torch.ones(c.shape, dtype=torch.float32)

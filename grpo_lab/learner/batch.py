@@ -38,6 +38,11 @@ class TensorBatch:
     def __contains__(self, key: str) -> bool:
         return key in self.tensors
 
+    def view(self, prefix: str) -> "TensorBatch":
+        """The tensors stored under `prefix` (e.g. "chosen/"), with the prefix stripped."""
+        return TensorBatch({k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)},
+                           self.prompt_width, self.extras)
+
     def index(self, idx: torch.Tensor) -> "TensorBatch":
         return TensorBatch({k: v[idx] for k, v in self.tensors.items()}, self.prompt_width, self.extras)
 
@@ -98,3 +103,15 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
 def encode_target(tokenizer, text: str) -> list[int]:
     """Supervised target ids: the text's tokens + <eos>, so the model learns to stop."""
     return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+def pair_batch(batch: TensorBatch, chosen: torch.Tensor, rejected: torch.Tensor, weights: torch.Tensor) -> TensorBatch:
+    """One row per preference pair: every tensor of `batch` under "chosen/" and "rejected/".
+
+    `loss_mask` (the chosen completion's mask) lets the learner count pairs like sequences.
+    """
+    tensors = {f"{side}/{k}": v[idx] for side, idx in (("chosen", chosen), ("rejected", rejected))
+               for k, v in batch.tensors.items()}
+    tensors["pair_weight"] = weights.float()
+    tensors["loss_mask"] = tensors["chosen/response_mask"]
+    return TensorBatch(tensors, batch.prompt_width, batch.extras)

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM
 
-from grpo_lab.algos import (KL_ESTIMATORS, POLICY_LOSSES, aggregate, clipped_value_loss,
-                            entropy_from_logits, logprob_mismatch_metrics, truncated_is_weights)
+from grpo_lab.algos import (KL_ESTIMATORS, POLICY_LOSSES, aggregate, clipped_value_loss, dpo_loss,
+                            entropy_from_logits, logprob_mismatch_metrics, sequence_logps, truncated_is_weights)
 from grpo_lab.algos.registry import Registry
 from grpo_lab.learner.batch import TensorBatch, completion_logits, token_logprobs
 
@@ -74,9 +74,12 @@ def micro_batches(batch: TensorBatch, size: int):
 
 
 class Learner:
-    def __init__(self, model_dir: str | Path, *, learner_cfg, algo_cfg, temperature: float, seed: int):
+    def __init__(self, model_dir: str | Path, *, learner_cfg, algo_cfg, temperature: float, seed: int,
+                 max_completion_len: int):
         torch.manual_seed(seed)
         self.cfg, self.algo, self.temperature = learner_cfg, algo_cfg, temperature
+        # Dr.GRPO's constant normaliser is the generation budget, not the batch's longest completion.
+        self.max_completion_len = max_completion_len
         self.device = resolve_device(learner_cfg.device)
         self.policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
         self.policy.train()
@@ -113,6 +116,9 @@ class Learner:
         for k, v in parts.items():
             batch[k] = torch.cat(v)
         mask = batch["response_mask"]
+        if batch.extras.get("offline"):  # pairs from a file: nothing was sampled, nothing to correct
+            batch["old_logprobs"] = batch["learner_logprobs"]
+            return {}
         metrics = {f"rollout/{k}": float(v) for k, v in
                    logprob_mismatch_metrics(batch["learner_logprobs"], batch["sampler_logprobs"], mask).items()}
         if self.algo.tis_cap is not None:
@@ -144,7 +150,10 @@ class Learner:
                 mask = minibatch["loss_mask"]
                 # Minibatch-wide normalisers: summing micro-batch losses then equals the full-batch loss.
                 norm = dict(num_tokens=mask.sum().clamp(min=1).item(),
-                            num_seqs=(mask.sum(-1) > 0).sum().clamp(min=1).item(), max_len=mask.shape[1])
+                            num_seqs=(mask.sum(-1) > 0).sum().clamp(min=1).item(),
+                            max_len=max(self.max_completion_len, mask.shape[1]))
+                if "pair_weight" in minibatch:
+                    norm["pair_weight_total"] = minibatch["pair_weight"].sum().clamp(min=1e-12).item()
                 if anchor_coef > 0 and "anchor_weight" in minibatch:
                     anchor_tokens = (minibatch["response_mask"] * minibatch["anchor_weight"][:, None]).sum()
                     norm["anchor"] = (anchor_coef, anchor_tokens.clamp(min=1).item())
@@ -231,3 +240,20 @@ def policy_gradient_loss(learner: Learner, micro: TensorBatch, norm: dict) -> tu
         anchor_mask = micro["response_mask"] * micro["anchor_weight"][:, None]
         loss = loss + coef * aggregate(-logp, anchor_mask, "token_mean", num_tokens=anchor_tokens)
     return loss, metrics
+
+
+@OBJECTIVES.register("preference")
+def preference_loss(learner: Learner, micro: TensorBatch, norm: dict) -> tuple[torch.Tensor, dict]:
+    """DPO (arXiv 2305.18290) on rows that are (chosen, rejected) pairs; the reference logprobs were
+    computed by `score` before pairing. Scaled by this micro-batch's share of the pair weights, so
+    the accumulated gradient equals the full minibatch's weighted mean."""
+    logps = {}
+    for side in ("chosen", "rejected"):
+        rows = micro.view(f"{side}/")
+        logps[side] = sequence_logps(learner._logprobs(learner.policy, rows)[0], rows["response_mask"])
+        logps[f"ref_{side}"] = sequence_logps(rows["ref_logprobs"], rows["response_mask"])
+    pref = learner.algo.preference
+    loss, m = dpo_loss(logps["chosen"], logps["rejected"], logps["ref_chosen"], logps["ref_rejected"],
+                       beta=pref.beta, weights=micro["pair_weight"])
+    share = micro["pair_weight"].sum().item() / norm["pair_weight_total"]
+    return loss * share, {f"dpo_{k}": float(v) for k, v in m.items()}

@@ -43,7 +43,7 @@ class Rollout:
 
     @staticmethod
     def concat(parts: list["Rollout"]) -> "Rollout":
-        out = Rollout([], [], [], [], [], [])
+        out = Rollout([], [], [], [], [], [], dict(parts[0].meta) if parts else {})
         for p in parts:
             out.prompt_ids += p.prompt_ids
             out.completion_ids += p.completion_ids
