@@ -1,0 +1,56 @@
+"""Small utilities shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A tiny, fast run on a briefly warmed-up model (a random one earns no reward, so every advantage
+# is 0 and nothing would move): few prompts, no periodic eval. The warm-up is cached per session.
+TASK = ["task.train_size=4000", "task.dev_size=50", "task.test_size=50"]
+WARMUP = ["warmup.max_steps=400", "warmup.eval_every=100", "warmup.target_sampled_dev_accuracy=0.08"]
+TINY_RUN = ["logger=none", "trainer.total_steps=2", "trainer.prompts_per_step=8", "rollout.group_size=4",
+            "trainer.eval_every=0", *TASK, *WARMUP]
+
+
+def run_train(overrides: list[str], run_dir: Path, cache_dir: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m grpo_lab.train` in a subprocess (as a user runs it), its run directory pinned."""
+    cmd = [sys.executable, "-m", "grpo_lab.train", *overrides, f"hydra.run.dir={run_dir}", f"cache_dir={cache_dir}"]
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def assert_finite_metrics(lines: list[dict]) -> None:
+    for line in lines:
+        for key, value in line.items():
+            assert value is not None and math.isfinite(value), f"step {line['step']}: {key}={value}"
+
+
+def max_param_change(before_dir: Path, after_dir: Path) -> float:
+    before, after = load_file(str(before_dir / "model.safetensors")), load_file(str(after_dir / "model.safetensors"))
+    assert before.keys() == after.keys()
+    return max(float((after[k] - before[k]).abs().max()) for k in before)
+
+
+def start_model_dir(cache_dir: Path) -> Path:
+    """The model RL started from: the (only) warmed-up checkpoint in the cache."""
+    dirs = [p.parent for p in cache_dir.glob("warmup/*/model.safetensors")]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+__all__ = ["REPO", "TINY_RUN", "run_train", "read_metrics", "assert_finite_metrics", "max_param_change",
+           "start_model_dir", "TASK", "WARMUP", "torch"]

@@ -1,0 +1,92 @@
+"""Config composition and validation: every group choice composes; bad values fail early with a
+message that says what to change."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+import grpo_lab.train  # noqa: F401  registers the schema and the run-name resolver
+from grpo_lab.config import ConfigError, derive_run_name, finalize, validate
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = ["algorithm", "model", "task", "reward", "rollout", "learner", "logger"]
+
+
+def make(overrides=()):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return finalize(compose("config", overrides=list(overrides)))
+
+
+def choices(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,choice", [(g, c) for g in GROUPS for c in choices(g)])
+def test_every_group_choice_composes_and_validates(group, choice):
+    cfg = make([f"{group}={choice}"])
+    validate(cfg)
+    assert cfg.run_name == derive_run_name(cfg)
+
+
+def test_defaults_are_the_documented_experiment():
+    cfg = make()
+    assert (cfg.algorithm.name, cfg.rollout.engine, cfg.rollout.group_size) == ("grpo", "vllm", 8)
+    assert cfg.rollout.max_new_tokens == cfg.task.max_completion_tokens  # interpolation resolved once
+    assert cfg.run_name == "grpo_G8_clip0.2_kl0_s0"
+
+
+def test_run_name_follows_overrides():
+    cfg = make(["rollout.group_size=16", "algorithm.kl.coef=0.04", "algorithm.clip_high=0.28", "seed=3"])
+    assert cfg.run_name == "grpo_G16_clip0.2-0.28_kl0.04k3_s3"
+
+
+def test_misspelt_key_fails_at_composition():
+    with pytest.raises(ConfigCompositionException) as err:
+        make(["algorithm.clip_lo=0.1"])
+    assert "clip_lo" in str(err.value.__cause__ or err.value)
+
+
+def test_misspelt_group_choice_lists_the_valid_ones():
+    with pytest.raises(ConfigCompositionException) as err:
+        make(["algorithm=grop"])
+    assert "grpo" in str(err.value)  # Hydra lists the available options
+
+
+def test_wrong_type_fails_at_composition():
+    with pytest.raises(ConfigCompositionException) as err:
+        make(["rollout.group_size=eight"])
+    assert isinstance(err.value.__cause__, (ValidationError, ConfigKeyError)) or "group_size" in str(err.value)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["rollout.group_size=1"], "rollout.group_size to >= 2 or set algorithm.advantage=reinforce_pp"),
+    (["algorithm.clip_low=1.5"], "algorithm.clip_low=1.5 must lie in (0, 1)"),
+    (["algorithm.clip_high=0"], "algorithm.clip_high=0.0 must lie in (0, 1)"),
+    (["rollout.gpu_memory_utilization=0"], "rollout.gpu_memory_utilization=0.0 must lie in (0, 1]"),
+    (["rollout.gpu_memory_utilization=1.2"], "rollout.gpu_memory_utilization=1.2 must lie in (0, 1]"),
+    (["algorithm.advantage=zscore"], "algorithm.advantage='zscore' is not registered; valid choices:"),
+    (["algorithm.aggregation=mean"], "valid choices: seq_mean_token_mean"),
+    (["algorithm.kl.estimator=k4"], "algorithm.kl.estimator='k4' is not registered"),
+    (["algorithm.dual_clip=0.5"], "algorithm.dual_clip=0.5 must be > 1"),
+    (["algorithm.advantage=gae"], "set algorithm.critic.enabled=true"),
+    (["+reward.weights.nope=1.0"], "reward.weights.nope='nope' is not registered; valid choices:"),
+    (["trainer.total_samples=10"], "trainer.total_samples=10 is smaller than one step's 256 samples"),
+])
+def test_impossible_values_fail_with_what_to_change(overrides, message):
+    cfg = make(overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert message in str(err.value)
+
+
+def test_bad_values_fail_before_any_model_is_loaded(tmp_path):
+    """The CLI stops at validation: no model is built, nothing is cached, the error names the fix."""
+    from helpers import run_train
+
+    proc = run_train(["rollout.group_size=1", "logger=none"], tmp_path / "run", tmp_path / "cache", timeout=120)
+    assert proc.returncode != 0
+    assert "raise rollout.group_size to >= 2" in proc.stderr
+    assert not (tmp_path / "cache").exists()
