@@ -1,0 +1,66 @@
+"""The in-memory weight push into the running vLLM engine: after a learner update, the engine samples
+from the *new* policy — its logprobs equal the learner's for the same tokens (fp32, within 1e-3)
+and differ from the pre-update policy's."""
+
+import copy
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, token_logprobs
+from grpo_lab.learner.learner import Learner
+from grpo_lab.models import MODEL_BUILDERS
+
+pytestmark = pytest.mark.vllm
+
+ROLLOUT = NS(engine="vllm", gpu_memory_utilization=0.1, max_model_len=128, enforce_eager=True, dtype="float32")
+ALGO = NS(name="grpo", objective="policy_gradient", policy_loss="clipped_surrogate", clip_low=0.2, clip_high=0.2,
+          dual_clip=None, aggregation="token_mean", epochs=1, minibatches=1, entropy_coef=0.0, tis_cap=None,
+          kl=NS(coef=0.0, estimator="k3", placement="loss"), critic=NS(enabled=False))
+LEARNER = NS(device="cpu", lr=3e-2, weight_decay=0.0, grad_clip=0.0, micro_batch_size=16)
+
+
+def logprobs_under(model, rollout, pad_id):
+    batch = collate(rollout.prompt_ids, rollout.completion_ids, pad_id, rollout.sampler_logprobs)
+    with torch.no_grad():
+        return token_logprobs(completion_logits(model, batch), batch["completion_ids"]), batch
+
+
+def test_engine_follows_the_learner_after_a_push(tmp_path):
+    from transformers import AutoTokenizer
+
+    from grpo_lab.rollout import make_engine
+
+    model_dir = MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet="0123456789+-=", seed=0)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    learner = Learner(model_dir, learner_cfg=LEARNER, algo_cfg=ALGO, temperature=1.0, seed=0, max_completion_len=6)
+    engine = make_engine(model_dir, ROLLOUT, seed=0)
+    try:
+        prompts = [encode_prompt(tok, p) for p in ("12+34=", "55-17=", "90-9=", "7+71=")]
+        sample = lambda seed: engine.generate(prompts, n=4, temperature=1.0, top_p=1.0,  # noqa: E731
+                                              max_new_tokens=6, seed=seed)
+
+        # Before any update the engine and the learner hold the same weights.
+        first = sample(1)
+        learner_lp, batch = logprobs_under(learner.policy, first, tok.pad_token_id)
+        mask = batch["response_mask"].bool()
+        assert (learner_lp - batch["sampler_logprobs"])[mask].abs().max() < 1e-3
+
+        # One real update (random advantages: every sequence gets a gradient), then the push.
+        old_policy = copy.deepcopy(learner.policy)
+        learner.score(batch)
+        batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).clone()
+        batch["loss_mask"] = batch["response_mask"]
+        learner.update(batch)
+        engine.load_weights(learner.weights_for_sync())
+
+        second = sample(2)
+        new_lp, batch2 = logprobs_under(learner.policy, second, tok.pad_token_id)
+        old_lp, _ = logprobs_under(old_policy, second, tok.pad_token_id)
+        mask2 = batch2["response_mask"].bool()
+        engine_lp = batch2["sampler_logprobs"]
+        assert (new_lp - engine_lp)[mask2].abs().max() < 1e-3          # the engine runs the new weights
+        assert (old_lp - engine_lp)[mask2].abs().max() > 1e-2          # ... not the old ones
+    finally:
+        engine.close()
