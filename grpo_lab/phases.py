@@ -88,6 +88,14 @@ def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new
     return ScoredRollout(rollout, seq_items, rewards, correct), metrics
 
 
+def group_size_at(step: int, rollout_cfg) -> int:
+    """G for this step: `rollout.group_size`, or the last `group_size_schedule` entry whose start step
+    has been reached (e.g. {1: 4, 50: 8, 100: 16} grows G as the policy gets better and groups agree more)."""
+    schedule = rollout_cfg.get("group_size_schedule") or {}
+    started = [int(s) for s in schedule if int(s) <= step]
+    return int(schedule[max(started)]) if started else int(rollout_cfg.group_size)
+
+
 class GroupSampler:
     """`sampler(k)`: k fresh training prompts -> rollout -> rewards, timing both phases.
 
@@ -97,18 +105,21 @@ class GroupSampler:
     def __init__(self, engine, tokenizer, stream: PromptStream, cfg, *, seed: int):
         self.engine, self.tokenizer, self.stream, self.cfg = engine, tokenizer, stream, cfg
         self.calls, self.seed = 0, seed
-        self.reset()
+        self.reset(group_size=cfg.rollout.group_size)
 
-    def reset(self) -> None:
+    def reset(self, group_size: int | None = None) -> None:
+        """Start a step: zero the timers; optionally change G (group-size schedules)."""
         self.timings = {"rollout": 0.0, "reward": 0.0}
         self.reward_metrics: dict = {}
+        if group_size is not None:
+            self.group_size = group_size
 
     def __call__(self, k: int) -> ScoredRollout:
         items = self.stream.take(k)
         self.calls += 1
         t0 = time.time()
         rollout = rollout_phase(self.engine, self.tokenizer, items, self.cfg.rollout,
-                                group_size=self.cfg.rollout.group_size, seed=self.seed * 1_000_003 + self.calls * 10_007)
+                                group_size=self.group_size, seed=self.seed * 1_000_003 + self.calls * 10_007)
         t1 = time.time()
         scored, self.reward_metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
                                                    max_new_tokens=self.cfg.rollout.max_new_tokens)
@@ -139,7 +150,7 @@ class PairFileSampler(GroupSampler):
                        encode_target(tokenizer, r["rejected"]), r) for r in rows]
         self.stream = PromptStream(list(range(len(self.pairs))), seed)
         self.tokenizer = tokenizer
-        self.reset()
+        self.reset(group_size=2)
 
     def __call__(self, k: int) -> ScoredRollout:
         t0 = time.time()

@@ -25,12 +25,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from grpo_lab.config import derive_run_name, finalize, register_configs, validate
-from grpo_lab.learner.learner import Learner, resolve_device
+from grpo_lab.learner.learner import Learner, resolve_device, set_cpu_threads
 from grpo_lab.learner.sft import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.models import MODEL_BUILDERS
-from grpo_lab.phases import (PREPARE_BATCH, RewardNormalizer, collect_phase, evaluate, make_sampler, rollout_metrics,
-                             to_learner_batch)
+from grpo_lab.algos import linear_warmup
+from grpo_lab.phases import (PREPARE_BATCH, RewardNormalizer, collect_phase, evaluate, group_size_at, make_sampler,
+                             rollout_metrics, to_learner_batch)
 from grpo_lab.rollout import make_engine
 from grpo_lab.tasks import TASKS
 
@@ -80,6 +81,7 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
     from transformers import AutoTokenizer
 
     torch.manual_seed(cfg.seed)
+    set_cpu_threads(cfg.learner.num_threads)
     device = resolve_device(cfg.learner.device)
     task = build_task(cfg)
     policy_dir, warm = build_policy(cfg, task, device)
@@ -88,7 +90,7 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
                       temperature=cfg.rollout.temperature, seed=cfg.seed,
                       max_completion_len=cfg.rollout.max_new_tokens)
     engine = make_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
-    a, t, G = cfg.algorithm, cfg.trainer, cfg.rollout.group_size
+    a, t = cfg.algorithm, cfg.trainer
     eval_items = task.splits[t.eval_split]
     max_new = cfg.rollout.max_new_tokens
     sampler = make_sampler(cfg, engine, tokenizer, task.splits["train"])
@@ -97,11 +99,11 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
         before = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
         recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
         step = samples = 0
-        bar = tqdm(total=t.total_steps, desc=f"{cfg.algorithm.name} G={G}", dynamic_ncols=True, file=sys.stdout)
+        bar = tqdm(total=t.total_steps, desc=cfg.run_name, dynamic_ncols=True, file=sys.stdout)
         last_eval = before
         while not schedule_done(cfg, step, samples):
             step += 1
-            sampler.reset()
+            sampler.reset(group_size=group_size_at(step, cfg.rollout))
             t_step = time.time()
             scored, metrics = collect_phase(sampler, t.prompts_per_step, dynamic=a.dynamic_sampling.enabled,
                                             max_rounds=a.dynamic_sampling.max_rounds)
@@ -112,7 +114,7 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
             metrics.update(learner.score(batch))
             batch, prep_metrics = PREPARE_BATCH.get(a.objective)(batch, a, normalizer=normalizer)
             metrics.update(prep_metrics)
-            anchor = a.sft_anchor_coef * min(1.0, step / a.sft_anchor_warmup) if a.sft_anchor_warmup else a.sft_anchor_coef
+            anchor = linear_warmup(step, a.sft_anchor_warmup, a.sft_anchor_coef)
             metrics.update(learner.update(batch, anchor_coef=anchor))
             t_learn = time.time() - t0
 
@@ -132,7 +134,7 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
             bar.update(1)
             bar.set_postfix_str(f"reward {metrics['reward/mean']:.2f} | eval acc {last_eval['eval/accuracy']:.1%} | "
                                 f"entropy {metrics.get('actor/entropy', float('nan')):.3f} | "
-                                f"{metrics['perf/step_time_s']:.2f}s/step")
+                                f"G {sampler.group_size} | {metrics['perf/step_time_s']:.2f}s/step")
         bar.close()
         after = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
         recorder.log(after, step=step, samples=samples)

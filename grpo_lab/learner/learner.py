@@ -9,6 +9,7 @@ which tensors go into them and when to step the optimizer.
 from __future__ import annotations
 
 import copy
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,13 @@ from grpo_lab.algos import (KL_ESTIMATORS, POLICY_LOSSES, aggregate, clipped_val
                             entropy_from_logits, logprob_mismatch_metrics, sequence_logps, truncated_is_weights)
 from grpo_lab.algos.registry import Registry
 from grpo_lab.learner.batch import TensorBatch, completion_logits, token_logprobs
+
+
+def set_cpu_threads(num_threads: int | None) -> int:
+    """Pin torch's intra-op threads (null: half the cores, leaving the rest to the rollout engine)."""
+    n = num_threads or max(1, (os.cpu_count() or 2) // 2)
+    torch.set_num_threads(n)
+    return n
 
 
 def resolve_device(name: str) -> torch.device:
