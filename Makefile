@@ -25,5 +25,8 @@ test-slow: venv ## Only the slow tests (longer end-to-end runs)
 test-all: venv ## Every test, slow ones included
 	$(PY) -m pytest -q $(ARGS)
 
+bench: venv ## Peak memory and step time of ppo (with critic) vs grpo, same model and batch, ratios (ARGS: see --help)
+	$(PY) scripts/bench_algorithms.py $(ARGS)
+
 clean: ## Remove outputs/, multirun/ and the model cache (keeps .venv)
 	rm -rf outputs multirun .cache

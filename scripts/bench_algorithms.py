@@ -1,0 +1,184 @@
+"""Peak memory and step time of algorithm recipes on the same model and batch, measured in one run,
+with ratios against a baseline measured in that same run (default: ppo, which trains a critic, vs
+grpo).
+
+    python scripts/bench_algorithms.py                         # ppo vs grpo, tiny model, 10 timed steps
+    python scripts/bench_algorithms.py --algorithms ppo dapo grpo --steps 20 --repeats 2
+    python scripts/bench_algorithms.py model.hidden_size=512 model.num_layers=8   # any Hydra override
+
+How it measures, and why:
+
+* Each algorithm runs the real training loop (`grpo_lab.train`, HF rollout engine) in its own
+  subprocess, so memory peaks never mix and nothing but the recipe differs: same config groups,
+  model, seed, prompts and batch size (trainer.prompts_per_step × rollout.group_size sequences of
+  at most rollout.max_new_tokens tokens). The first step's batch is identical for every algorithm
+  (same model, prompts and sampling seed); later ones differ only as far as the policies do. Mean
+  completion length is printed so the batches can be compared.
+* Step time is the loop's own `perf/step_time_s` (rollout + rewards + learner + weight push); the
+  learner-only cost is its `perf/learn_s` (scoring, advantages, all μ × minibatch updates of
+  policy and critic). Both are means over --steps steps after --warmup untimed ones. "step CPU s"
+  is the process's CPU time per step over the same steps (all threads): on a shared machine other
+  jobs stretch wall time far more than CPU time. Set torch threads with learner.num_threads=N.
+* Peak memory is the subprocess's peak resident set (getrusage ru_maxrss), printed in full and as
+  the growth over the same process's peak right after importing torch/transformers/grpo_lab (the
+  interpreter and libraries are the same for every algorithm and would swamp a tiny model). With
+  CUDA the learner's torch.cuda.max_memory_allocated is printed too.
+* With --repeats R the algorithms alternate (A B A B ...) and each number is the median, so a
+  slow patch of a shared machine does not land on one algorithm only.
+
+Defaults: rollout=hf, logger=none, warmup.max_steps=0 (a random model: weights do not change the
+cost of a step, only the completion lengths; pass warmup.max_steps=1500 to bench the warmed-up
+model), no periodic evaluation, small eval split. This is a benchmark, not a test: it asserts
+nothing about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULTS = ["rollout=hf", "logger=none", "warmup.max_steps=0", "trainer.eval_every=0", "task.train_size=4000",
+            "task.dev_size=20", "task.test_size=20", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+
+
+def _maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def child(args: argparse.Namespace) -> None:
+    """One algorithm, in this (fresh) process: run the loop, write what it measured to --out."""
+    import time
+
+    import torch
+
+    import grpo_lab.train as train  # imports torch, transformers and the package before the baseline
+
+    # CPU seconds of this process at the end of each step (when the loop logs it): a shared machine
+    # stretches wall time, far less the CPU time a step needs. Wraps the logger; the loop is untouched.
+    cpu_at_step: list[float] = []
+    log = train.RunRecorder.log
+
+    def stamped_log(self, metrics, *, step, samples):
+        if "perf/step_time_s" in metrics:
+            cpu_at_step.append(time.process_time())
+        return log(self, metrics, step=step, samples=samples)
+
+    train.RunRecorder.log = stamped_log
+    baseline = _maxrss_mib()
+    sys.argv = ["grpo_lab.train", "--config-path", str(REPO / "conf"), "--config-name", "config", *args.overrides]
+    try:
+        train.main()
+    except SystemExit as exc:
+        if exc.code:
+            raise
+    out = {"peak_rss_mib": _maxrss_mib(), "baseline_rss_mib": baseline, "threads": torch.get_num_threads(),
+           "cpu_at_step": cpu_at_step}
+    if torch.cuda.is_available():
+        out["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    Path(args.out).write_text(json.dumps(out))
+
+
+def run_one(algorithm: str, overrides: list[str], steps: int, warmup: int, workdir: Path, tag: str) -> dict:
+    run_dir, out = workdir / f"{algorithm}_{tag}", workdir / f"{algorithm}_{tag}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--out", str(out), "--",
+           f"algorithm={algorithm}", *DEFAULTS, f"trainer.total_steps={warmup + steps}", *overrides,
+           f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"{algorithm} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    result = json.loads(out.read_text())
+    lines = [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines() if s.strip()]
+    timed = [m for m in lines if "perf/step_time_s" in m][warmup:]
+    mean = lambda key: statistics.fmean(m[key] for m in timed)  # noqa: E731
+    cfg = (run_dir / "config.yaml").read_text()
+    cpu = result.pop("cpu_at_step")  # cpu[i] = CPU seconds when step i + 1 ended
+    result.update(cpu_step_s=(cpu[-1] - cpu[warmup - 1]) / steps if warmup >= 1 else None,
+                  step_s=mean("perf/step_time_s"), learn_s=mean("perf/learn_s"), rollout_s=mean("perf/rollout_s"),
+                  samples=mean("rollout/samples"), completion_len=mean("rollout/completion_len_mean"),
+                  models=_models(run_dir), config=cfg)
+    return result
+
+
+def _models(run_dir: Path) -> str:
+    """What the learner holds for this recipe: the policy, a reference (KL or DPO), a critic."""
+    from omegaconf import OmegaConf
+
+    a = OmegaConf.load(run_dir / "config.yaml").algorithm
+    models = ["policy"]
+    if a.kl.coef > 0 or a.objective == "preference":
+        models.append("ref")
+    if a.critic.enabled:
+        models.append("critic")
+    return "+".join(models)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algorithms", nargs="+", default=["ppo", "grpo"],
+                        help="recipes (conf/algorithm/*.yaml) to measure (default: ppo grpo)")
+    parser.add_argument("--baseline", default=None, help="recipe the ratios divide by (default: the last one)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per algorithm (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    parser.add_argument("--repeats", type=int, default=1, help="alternate the algorithms this many times; medians")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to every algorithm")
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+
+    baseline = args.baseline or args.algorithms[-1]
+    if baseline not in args.algorithms:
+        parser.error(f"--baseline {baseline} is not among --algorithms {args.algorithms}")
+    runs: dict[str, list[dict]] = {a: [] for a in args.algorithms}
+    with tempfile.TemporaryDirectory(prefix="bench_algorithms_") as tmp:
+        for r in range(args.repeats):
+            order = args.algorithms if r % 2 == 0 else args.algorithms[::-1]
+            for algo in order:
+                print(f"[{r + 1}/{args.repeats}] {algo} ...", file=sys.stderr, flush=True)
+                runs[algo].append(run_one(algo, args.overrides, args.steps, args.warmup, Path(tmp), tag=str(r)))
+
+    def med(algo: str, key: str) -> float | None:
+        vals = [x[key] for x in runs[algo] if x.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    cols = [("step_s", "step s", "{:.4f}"), ("cpu_step_s", "step CPU s", "{:.4f}"), ("learn_s", "learner s", "{:.4f}"), ("rollout_s", "rollout s", "{:.4f}"),
+            ("peak_rss_mib", "peak RSS MiB", "{:.1f}"), ("growth_mib", "RSS growth MiB", "{:.1f}"),
+            ("cuda_peak_mib", "CUDA peak MiB", "{:.1f}")]
+    for algo in args.algorithms:
+        for x in runs[algo]:
+            x["growth_mib"] = x["peak_rss_mib"] - x["baseline_rss_mib"]
+    cols = [c for c in cols if any(med(a, c[0]) is not None for a in args.algorithms)]
+    first = runs[baseline][0]
+    print(f"\nbench: {args.steps} timed steps after {args.warmup} warm-up, {args.repeats} repeat(s), "
+          f"torch threads {first['threads']}; batch {first['samples']:.0f} sequences per step; "
+          f"overrides: {' '.join(args.overrides) or '(none)'}")
+    head = f"{'algorithm':<24}{'learner holds':<20}{'mean len':>9}" + "".join(f"{c[1]:>16}" for c in cols)
+    print(head)
+    print("-" * len(head))
+    for algo in args.algorithms:
+        row = f"{algo:<24}{runs[algo][0]['models']:<20}{med(algo, 'completion_len'):>9.2f}"
+        print(row + "".join(f"{c[2].format(med(algo, c[0])):>16}" for c in cols))
+    for algo in args.algorithms:
+        if algo == baseline:
+            continue
+        ratios = []
+        for key, label, _ in cols:
+            num, den = med(algo, key), med(baseline, key)
+            ratios.append(f"{(num / den if num is not None and den else float('nan')):>15.2f}x")
+        print(f"{'ratio ' + algo + '/' + baseline:<53}" + "".join(ratios))
+
+
+if __name__ == "__main__":
+    main()
