@@ -1,0 +1,91 @@
+"""The learner: the reference model exists only when read, gradient accumulation does not change
+the update, several updates per batch make clipping bind, and the critic trains."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from grpo_lab.config import AlgorithmConfig, LearnerConfig
+from grpo_lab.learner.batch import collate
+from grpo_lab.learner.learner import Learner
+from grpo_lab.models import MODEL_BUILDERS
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return MODEL_BUILDERS.get("tiny_llama")(tmp_path_factory.mktemp("m") / "model", alphabet="0123456789+-=", seed=0)
+
+
+def make_learner(model_dir, micro_batch_size=64, **algo):
+    algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
+    learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
+                                  {"device": "cpu", "micro_batch_size": micro_batch_size, "grad_clip": 0.0})
+    return Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=1.0, seed=0,
+                   max_completion_len=6)
+
+
+def toy_batch(seed=0, n=10):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [[1] + torch.randint(4, 16, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n)]
+    completions = [torch.randint(4, 16, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist() + [2]
+                   for _ in range(n)]
+    batch = collate(prompts, completions, 0, [[-1.5] * len(c) for c in completions])
+    batch["group_ids"] = torch.arange(n) // 2
+    batch["advantages"] = torch.randn(n, 1, generator=g).expand_as(batch["response_mask"]).clone()
+    batch["loss_mask"] = batch["response_mask"]
+    batch["returns"] = batch["advantages"]
+    return batch
+
+
+def test_reference_model_only_when_kl_is_used(model_dir):
+    assert make_learner(model_dir).ref is None
+    learner = make_learner(model_dir, kl={"coef": 0.04})
+    assert learner.ref is not None and not any(p.requires_grad for p in learner.ref.parameters())
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
+                                         "seq_mean_token_sum_norm"])
+def test_micro_batch_size_does_not_change_the_update(model_dir, aggregation):
+    """Plain SGD with lr 1 makes the parameter change equal to minus the accumulated gradient."""
+    deltas = []
+    for micro in (10, 3):
+        learner = make_learner(model_dir, micro_batch_size=micro, aggregation=aggregation, entropy_coef=0.01)
+        learner.optimizer = torch.optim.SGD(learner.policy.parameters(), lr=1.0)
+        before = copy.deepcopy(learner.policy.state_dict())
+        batch = toy_batch()
+        learner.score(batch)
+        learner.update(batch)
+        deltas.append({k: learner.policy.state_dict()[k] - before[k] for k in before})
+    for k in deltas[0]:
+        torch.testing.assert_close(deltas[0][k], deltas[1][k], atol=1e-6, rtol=1e-4)
+    assert max(d.abs().max() for d in deltas[0].values()) > 0
+
+
+def test_several_updates_per_batch_make_clipping_bind(model_dir):
+    one = make_learner(model_dir, epochs=1)
+    many = make_learner(model_dir, epochs=4, minibatches=2)
+    for learner in (one, many):
+        learner.optimizer = torch.optim.SGD(learner.policy.parameters(), lr=2.0)
+    metrics = []
+    for learner in (one, many):
+        batch = toy_batch()
+        learner.score(batch)
+        batch["old_logprobs"] = batch["learner_logprobs"]   # on-policy: as if the engine sampled them
+        metrics.append(learner.update(batch))
+    # μ=1 on-policy: the ratio is 1 on the only pass (old logprobs = the learner's own), nothing clips.
+    assert metrics[0]["actor/clip_frac_low"] + metrics[0]["actor/clip_frac_high"] == 0
+    assert metrics[1]["actor/clip_frac_low"] + metrics[1]["actor/clip_frac_high"] > 0
+
+
+def test_critic_trains_on_returns(model_dir):
+    learner = make_learner(model_dir, advantage="gae", critic={"enabled": True, "lr": 1e-3})
+    losses = []
+    for _ in range(4):
+        batch = toy_batch()
+        learner.score(batch)
+        losses.append(learner.update(batch)["critic/value_loss"])
+    assert losses[-1] < losses[0]
