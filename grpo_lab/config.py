@@ -55,6 +55,8 @@ class CriticConfig:
     value_clip: float = 0.2
     # Weight of the value loss (its own optimizer, so this only scales its gradient).
     coef: float = 1.0
+    # A separate HF model directory for the critic's trunk; null = a copy of the policy's trunk.
+    model_path: Optional[str] = None
 
 
 @dataclass

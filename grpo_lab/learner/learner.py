@@ -98,7 +98,7 @@ class Learner:
                                            weight_decay=learner_cfg.weight_decay)
         self.critic = self.critic_optimizer = None
         if algo_cfg.critic.enabled:
-            self.critic = ValueModel(model_dir).to(self.device)
+            self.critic = ValueModel(algo_cfg.critic.model_path or model_dir).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=algo_cfg.critic.lr)
         self.generator = torch.Generator().manual_seed(seed)
         self.step = 0
