@@ -12,7 +12,7 @@ The loop owns no math (grpo_lab/algos) and no I/O format (grpo_lab/logging).
 from __future__ import annotations
 
 import inspect
-import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -72,6 +72,26 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     return warm_dir, stats
 
 
+class ProgressLine:
+    """A progress bar with a live line of key metrics; in a log file (no TTY), a plain line every ~5 %."""
+
+    def __init__(self, total: int, desc: str):
+        self.tty, self.total, self.step = sys.stdout.isatty(), total, 0
+        self.bar = tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stdout, disable=not self.tty)
+
+    def update(self, m: dict, last_eval: dict, *, group_size: int) -> None:
+        self.step += 1
+        line = (f"reward {m['reward/mean']:.2f} | eval acc {last_eval['eval/accuracy']:.1%} | "
+                f"entropy {m.get('actor/entropy', float('nan')):.3f} | G {group_size} | {m['perf/step_time_s']:.2f}s/step")
+        self.bar.update(1)
+        self.bar.set_postfix_str(line, refresh=False)
+        if not self.tty and (self.step % max(1, self.total // 20) == 0 or self.step == self.total):
+            print(f"step {self.step}/{self.total} | {line}", flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def schedule_done(cfg: DictConfig, step: int, samples: int) -> bool:
     t = cfg.trainer
     return step >= t.total_steps or (t.total_samples is not None and samples >= t.total_samples)
@@ -99,7 +119,7 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
         before = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
         recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
         step = samples = 0
-        bar = tqdm(total=t.total_steps, desc=cfg.run_name, dynamic_ncols=True, file=sys.stdout)
+        progress = ProgressLine(total=t.total_steps, desc=cfg.run_name)
         last_eval = before
         while not schedule_done(cfg, step, samples):
             step += 1
@@ -131,11 +151,8 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
                 last_eval = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
                 metrics.update(last_eval)
             recorder.log(metrics, step=step, samples=samples)
-            bar.update(1)
-            bar.set_postfix_str(f"reward {metrics['reward/mean']:.2f} | eval acc {last_eval['eval/accuracy']:.1%} | "
-                                f"entropy {metrics.get('actor/entropy', float('nan')):.3f} | "
-                                f"G {sampler.group_size} | {metrics['perf/step_time_s']:.2f}s/step")
-        bar.close()
+            progress.update(metrics, last_eval, group_size=sampler.group_size)
+        progress.close()
         after = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
         recorder.log(after, step=step, samples=samples)
         if t.save_checkpoint:
@@ -160,6 +177,9 @@ def print_before_after(result: dict, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
+    # SIGTERM (a cancelled job, `kill`) unwinds like Ctrl-C, so the run is recorded as failed and the
+    # engine's processes are shut down instead of being orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     hc = HydraConfig.get()
     cfg = finalize(cfg)
     validate(cfg)  # before any model is loaded
