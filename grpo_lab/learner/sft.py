@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int,
     targets = [encode_target(tokenizer, it.solution) for it in train]
     gen = torch.Generator().manual_seed(seed)
     start, history, acc, step = time.time(), [], 0.0, 0
-    bar = tqdm(total=cfg.max_steps, desc="warm-up SFT", dynamic_ncols=True)
+    tty = sys.stdout.isatty()
+    bar = tqdm(total=cfg.max_steps, desc="warm-up SFT", dynamic_ncols=True, file=sys.stdout, disable=not tty)
     for step in range(1, cfg.max_steps + 1):
         model.train()
         idx = torch.randint(len(train), (cfg.batch_size,), generator=gen).tolist()
@@ -75,6 +77,8 @@ def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int,
                                        seed=seed + step)
             history.append({"step": step, "loss": loss.item(), "sampled_dev_accuracy": acc})
             bar.set_postfix(loss=f"{loss.item():.3f}", sampled_dev_acc=f"{acc:.2f}")
+            if not tty:
+                print(f"warm-up SFT step {step} | loss {loss.item():.3f} | sampled dev acc {acc:.2f}", flush=True)
             if acc >= cfg.target_sampled_dev_accuracy:
                 break
     bar.close()
