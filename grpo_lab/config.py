@@ -378,8 +378,10 @@ def derive_run_name(cfg: DictConfig) -> str:
     """Run name from the settings researchers compare: algorithm, group size, clip, KL, seed."""
     a = cfg.algorithm
     clip = _short(a.clip_low) if a.clip_low == a.clip_high else f"{_short(a.clip_low)}-{_short(a.clip_high)}"
-    return (f"{a.name}_G{cfg.rollout.group_size}_clip{clip}_kl{_short(a.kl.coef)}"
-            f"{'' if a.kl.coef == 0 else a.kl.estimator}_s{cfg.seed}")
+    # Preference losses have no ratio to clip; DPO's β is the KL strength that matters.
+    knobs = (f"beta{_short(a.preference.beta)}" if a.objective == "preference"
+             else f"clip{clip}_kl{_short(a.kl.coef)}{'' if a.kl.coef == 0 else a.kl.estimator}")
+    return f"{a.name}_G{cfg.rollout.group_size}_{knobs}_s{cfg.seed}"
 
 
 def finalize(cfg: DictConfig) -> DictConfig:

@@ -232,7 +232,7 @@ def policy_gradient_loss(learner: Learner, micro: TensorBatch, norm: dict) -> tu
     metrics = {k: float(v) for k, v in m.items()}
     if learner.ref is not None and a.kl.coef > 0:
         kl = KL_ESTIMATORS.get(a.kl.estimator)(logp, micro["ref_logprobs"])  # [n, T]
-        metrics["kl"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
+        metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
         if a.kl.placement == "loss":
             total = total + a.kl.coef * kl
     if a.entropy_coef > 0:
