@@ -440,6 +440,7 @@ class Plan:
     launcher: list[str]
     command: list[str]
     env: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def variants_root(self) -> Path:
@@ -483,6 +484,11 @@ def make_plan(spec: TableSpec, *, smoke: bool = False, scale: str = "lab", extra
         raise TableSpecError("\n  - ".join(["bad command-line overrides:"] + errors))
     base = merge_overrides(base, extra)
     variants = variant_overrides(spec, scale)
+    warnings = []
+    for o in extra:
+        hit = [v.name for v, ov in variants if _key(o) in {_key(x) for x in ov}]
+        if hit:
+            warnings.append(f"the command-line override {o!r} replaces the value variant(s) {', '.join(hit)} set")
     if only:
         unknown = [o for o in only if o not in [v.name for v, _ in variants]]
         if unknown:
@@ -502,7 +508,7 @@ def make_plan(spec: TableSpec, *, smoke: bool = False, scale: str = "lab", extra
             threads = str(max(1, (os.cpu_count() or 1) // max(jobs, 1)))
             env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     plan = Plan(spec, smoke, scale, runs_dir, (tables_root / spec.name).resolve(), group, variants, base,
-                seeds, launcher_ov, [], env)
+                seeds, launcher_ov, [], env, warnings)
     cmd = [sys.executable, "-m", "grpo_lab.train", "-m"]
     if variants:
         cmd += [plan.searchpath_override(), f"+{VARIANT_GROUP}=" + ",".join(v.name for v, _ in variants)]
@@ -880,7 +886,9 @@ def main(argv: list[str] | None = None) -> int:
     invocation = (env_prefix + " " if env_prefix else "") + shlex.join(["python", "scripts/make_table.py", *argv]
                                                                        + (["--", *extra] if extra else []))
     header = {"command": invocation, "machine": machine_description()}
-    launch_notes: list[str] = []
+    launch_notes: list[str] = list(plan.warnings)
+    for w in plan.warnings:
+        print(f"[make_table] warning: {w}", file=sys.stderr)
 
     if args.report_only:
         if not plan.runs_dir.exists():

@@ -1,0 +1,225 @@
+"""Tables: every conf/table/*.yaml and conf/experiment/*.yaml composes and validates, the table schema
+rejects bad files with clear messages, the findings are computed from the runs (differences shown,
+not hidden), and SMOKE=1 make_table runs end to end (one table here; every table under -m slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import REPO, TASK, WARMUP
+
+sys.path.insert(0, str(REPO / "scripts"))
+import make_table  # noqa: E402
+
+TABLES = sorted(p.stem for p in (REPO / "conf" / "table").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+# Jobs per table at lab scale (conditions x 3 seeds), as documented in each yaml.
+EXPECTED_JOBS = {"group_size": 12, "dapo": 18, "algorithms": 21, "std_norm": 9, "clip": 18, "kl": 15}
+
+
+def test_the_issue_tables_exist():
+    assert set(EXPECTED_JOBS) <= set(TABLES)
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_table_spec_loads_and_cites_its_paper(name):
+    spec = make_table.load_spec(name)
+    assert "arXiv" in spec.paper_finding
+    assert spec.seeds == [0, 1, 2] and spec.target is not None
+    assert spec.experiment and (REPO / "conf" / "experiment" / f"{spec.experiment}.yaml").is_file()
+
+
+@pytest.mark.parametrize("scale", ["lab", "full"])
+@pytest.mark.parametrize("name", TABLES)
+def test_every_job_of_every_table_composes_and_validates(name, scale, tmp_path):
+    plan = make_table.make_plan(make_table.load_spec(name), scale=scale, runs_root=tmp_path)
+    n = make_table.preflight(plan)  # raises TableSpecError naming each job that does not validate
+    if name in EXPECTED_JOBS:
+        assert n == EXPECTED_JOBS[name]
+    smoke = make_table.make_plan(make_table.load_spec(name), smoke=True, runs_root=tmp_path / "smoke")
+    assert make_table.preflight(smoke) == n // 3  # one seed
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_and_validates_without_a_gpu(name):
+    from hydra import compose, initialize_config_dir
+
+    import grpo_lab.train  # noqa: F401
+    from grpo_lab.config import finalize, validate
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = finalize(compose("config", overrides=[f"experiment={name}"]))
+    validate(cfg)
+    # Paper-scale recipes: a pretrained model from a local path, vLLM rollouts, no SFT warm-up.
+    assert cfg.model.builder == "pretrained" and cfg.model.path.startswith("/models/")
+    assert cfg.rollout.engine == "vllm" and cfg.learner.lr == 1e-6 and cfg.warmup.max_steps == 0
+    assert cfg.task.source == "local_dataset"
+
+
+def test_variant_files_beat_the_experiment_at_full_scale(tmp_path):
+    plan = make_table.make_plan(make_table.load_spec("dapo"), scale="full", runs_root=tmp_path)
+    make_table.write_variant_files(plan)
+    jobs = [j for j in plan.jobs() if "seed=0" in j]
+    cfgs = {job[0].split("=")[1]: cfg for job, cfg in make_table.compose_jobs(plan, jobs)}
+    base, top = cfgs["grpo"].algorithm, cfgs["dynamic_sampling"].algorithm
+    assert (base.aggregation, base.clip_high, base.overlong.filter, base.overlong.soft_buffer,
+            base.dynamic_sampling.enabled) == ("seq_mean_token_mean", 0.2, False, 0, False)
+    assert (top.aggregation, top.clip_high, top.overlong.filter, top.overlong.soft_buffer,
+            top.dynamic_sampling.enabled) == ("token_mean", 0.28, True, 4096, True)
+    assert cfgs["clip_higher"].algorithm.overlong.soft_buffer == 0  # rungs below do not leak upwards
+    assert cfgs["grpo"].rollout.group_size == 16 and cfgs["grpo"].algorithm.minibatches == 16
+
+
+def test_group_size_table_holds_the_sample_budget_fixed(tmp_path):
+    plan = make_table.make_plan(make_table.load_spec("group_size"), runs_root=tmp_path)
+    make_table.write_variant_files(plan)
+    jobs = [j for j in plan.jobs() if "seed=0" in j]
+    per_step = set()
+    for _job, cfg in make_table.compose_jobs(plan, jobs):
+        per_step.add(cfg.rollout.group_size * cfg.trainer.prompts_per_step)
+        assert cfg.trainer.total_samples == 38400 and cfg.rollout.engine == "hf"
+    assert per_step == {256}
+
+
+def write_spec(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "bad.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+@pytest.mark.parametrize("body, message", [
+    ("title: t\npaper_finding: p\nvariants: [{name: a, overrides: [x=1]}]\nvaraints: []\n",
+     "unknown key(s) varaints"),
+    ("title: t\nvariants: [{name: a, overrides: [rollout=hf]}]\n", "`paper_finding` is required"),
+    ("title: t\npaper_finding: p\nfixed: [seed=3]\nsweep: {a.b: '1,2'}\n", "'seed' is set by make_table.py"),
+    ("title: t\npaper_finding: p\nfixed: ['algorithm.epochs=1,4']\nvariants: [{name: a, overrides: []}]\n",
+     "is a sweep; put swept keys under `sweep:`"),
+    ("title: t\npaper_finding: p\nfixed: [algorithm.clip_high=0.3]\n"
+     "variants: [{name: a, overrides: [algorithm.clip_high=0.28]}]\n", "the command line would override the variant"),
+    ("title: t\npaper_finding: p\nsweep: {a: '1,2'}\ncolumns: [final_acc, nonsense]\n", "unknown column 'nonsense'"),
+    ("title: t\npaper_finding: p\n", "nothing to compare"),
+    ("title: t\npaper_finding: p\nsweep: {a: '1,2'}\ntarget: 65\n", "accuracy fraction in [0, 1]"),
+    ("title: t\npaper_finding: p\nvariants: [{name: a, overrides: []}, {name: a, overrides: []}]\n",
+     "variant names must be unique"),
+    ("title: t\npaper_finding: p\nvariants: [{name: a, overrides: []}]\nsft_control: {match: b}\n",
+     "sft_control.match must name a variant"),
+])
+def test_bad_table_files_fail_with_a_clear_message(tmp_path, body, message):
+    with pytest.raises(make_table.TableSpecError) as err:
+        make_table.load_spec(write_spec(tmp_path, body))
+    assert message in str(err.value)
+
+
+def test_a_job_that_does_not_validate_stops_the_table_before_launch(tmp_path):
+    spec = make_table.load_spec(write_spec(tmp_path, """
+        title: t
+        paper_finding: p
+        variants:
+          - {name: ok, overrides: [rollout.temperature=1.0]}
+          - {name: cold, overrides: [rollout.temperature=0.0]}
+    """))
+    plan = make_table.make_plan(spec, runs_root=tmp_path / "runs", seeds=[0])
+    with pytest.raises(make_table.TableSpecError) as err:
+        make_table.preflight(plan)
+    assert "1 of 2 jobs" in str(err.value) and "+variant=cold" in str(err.value)
+    assert "rollout.temperature=0.0 must be > 0" in str(err.value)
+
+
+def test_cumulative_ladder_and_variant_file(tmp_path):
+    spec = make_table.load_spec("dapo")
+    ladder = dict((v.name, ov) for v, ov in make_table.variant_overrides(spec, "lab"))
+    assert ladder["grpo"] == ["algorithm.aggregation=seq_mean_token_mean"]
+    assert ladder["token_level_loss"][-1] == "algorithm.aggregation=token_mean"
+    assert "algorithm.aggregation=seq_mean_token_mean" not in ladder["token_level_loss"]
+    text = make_table.variant_yaml("dapo_row", ["algorithm=dapo", "algorithm.clip_high=0.3"])
+    assert text.startswith("# @package _global_")
+    assert "override /algorithm: dapo" in text and "clip_high: 0.3" in text and "run_name: dapo_row_s${seed}" in text
+
+
+def _fake_run(d: Path, variant: str, seed: int, acc: float | None, status: str = "completed"):
+    d.mkdir(parents=True)
+    (d / ".hydra").mkdir()
+    (d / ".hydra" / "overrides.yaml").write_text(f"- +variant={variant}\n- seed={seed}\n- rollout=hf\n")
+    (d / "config.yaml").write_text(f"seed: {seed}\nrun_name: {variant}_s{seed}\n")
+    rows = [{"step": 0, "samples": 0, "eval/accuracy": 0.5},
+            {"step": 150, "samples": 38400, "perf/step_time_s": 0.2, "eval/accuracy": acc}]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    final = {} if acc is None else {"eval/accuracy": acc}
+    (d / "summary.json").write_text(json.dumps({
+        "status": status, "error": None if status == "completed" else "RuntimeError: boom",
+        "run_name": f"{variant}_s{seed}", "initial": {"eval/accuracy": 0.5}, "final": final, "steps": 150}))
+
+
+def test_findings_report_differences_with_confidence_intervals(tmp_path):
+    spec = make_table.load_spec(write_spec(tmp_path, """
+        title: findings
+        paper_finding: "b beats a (arXiv 0000.00000)"
+        paper_metric: "%"
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0], paper: "30"}
+          - {name: b, overrides: [rollout.temperature=0.9], paper: "50"}
+          - {name: c, overrides: [rollout.temperature=0.8]}
+        baseline: a
+        target: 0.6
+    """))
+    plan = make_table.make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    runs = plan.runs_dir
+    for i, (acc_a, acc_b, acc_c) in enumerate([(0.60, 0.70, 0.61), (0.62, 0.71, 0.55), (0.61, 0.72, 0.66)]):
+        _fake_run(runs / f"a{i}", "a", i, acc_a)
+        _fake_run(runs / f"b{i}", "b", i, acc_b)
+        _fake_run(runs / f"c{i}", "c", i, acc_c)
+    _fake_run(runs / "c_failed", "c", 3, None, status="failed")
+    (runs / "dead" / ".hydra").mkdir(parents=True)  # a job that died before the trainer wrote anything
+    notes = [f"job `{j.relative_to(runs)}` failed before writing" for j in make_table.unrecorded_jobs(runs)]
+    assert notes == ["job `dead` failed before writing"]
+    result = make_table.build(plan, header_extra={"command": "test"}, launch_notes=notes)
+    md = result["md"].read_text()
+    assert result["findings"]["best"] == "b" and result["findings"]["baseline"] == "a"
+    # b: +10 pp over a with a CI that excludes 0; c: CIs overlap; the paper column sits next to ours.
+    assert "| b | 50 | 71.0 ± 2.5 (n=3) | +10.0 ± " in md
+    assert "(CI excludes 0)" in md and "The paper's best row is **b**; our best agrees." in md
+    assert "| c | – | 60.7 ± " in md and "| yes |" in md
+    assert "| c | 3 ok / 1 failed |" in md and "RuntimeError: boom" in md and "job `dead`" in md
+
+
+def smoke_table(name: str, cache: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    # Extra overrides after `--` make the smoke jobs reuse the session's cached warm-up (conftest).
+    return subprocess.run(
+        [sys.executable, "scripts/make_table.py", name, "--runs-root", str(tmp_path / "runs"),
+         "--tables-root", str(tmp_path / "tables"), "--", f"cache_dir={cache}", *TASK, *WARMUP],
+        cwd=REPO, env={**os.environ, "SMOKE": "1", "WANDB_MODE": "offline"}, capture_output=True, text=True,
+        timeout=900)
+
+
+def check_smoke_table(name: str, proc: subprocess.CompletedProcess, tmp_path: Path) -> str:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    md = (tmp_path / "tables" / f"{name}.md").read_text()
+    assert "(SMOKE: tiny budgets, one seed; not a result)" in md
+    assert "**What the paper found.**" in md and "**What we found**" in md and "- **Machine:**" in md
+    assert (tmp_path / "tables" / f"{name}.csv").is_file() and (tmp_path / "tables" / f"{name}.png").is_file()
+    assert "## Failed runs" not in md, md
+    assert not (REPO / "tables" / f"{name}.md").exists() or "SMOKE" not in (REPO / "tables" / f"{name}.md").read_text()
+    return md
+
+
+def test_smoke_table_end_to_end(warm_cache, tmp_path):
+    proc = smoke_table("std_norm", warm_cache, tmp_path)
+    md = check_smoke_table("std_norm", proc, tmp_path)
+    for row in ("group_std", "no_std", "batch_std"):
+        assert f"| {row} | 1 ok / 0 failed |" in md
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TABLES)
+def test_smoke_every_table(name, warm_cache, tmp_path):
+    proc = smoke_table(name, warm_cache, tmp_path)
+    md = check_smoke_table(name, proc, tmp_path)
+    if name == "algorithms":
+        assert "| sft_control | 1 ok / 0 failed |" in md
