@@ -28,5 +28,28 @@ test-all: venv ## Every test, slow ones included
 bench: venv ## Peak memory and step time of ppo (with critic) vs grpo, same model and batch, ratios (ARGS: see --help)
 	$(PY) scripts/bench_algorithms.py $(ARGS)
 
+# Paper tables (scripts/make_table.py, conf/table/<name>.yaml): runs under outputs/tables/<name>,
+# table in tables/<name>.md|csv|png. SMOKE=1: one seed, two steps (outputs/smoke/). LAUNCHER=joblib
+# JOBS=2: parallel jobs. SCALE=full: the conf/experiment GPU recipe. ARGS: e.g. --report-only.
+.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl
+
+table-group-size: venv ## Table: GRPO group size G in {2,4,8,16} at a fixed budget of generated samples
+	$(PY) scripts/make_table.py group_size $(ARGS)
+
+table-dapo: venv ## Table: DAPO ladder (arXiv 2503.14476 Table 1), GRPO -> ... -> dynamic sampling
+	$(PY) scripts/make_table.py dapo $(ARGS)
+
+table-algorithms: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++, PPO + matched-compute SFT control
+	$(PY) scripts/make_table.py algorithms $(ARGS)
+
+table-std-norm: venv ## Table: advantage std normalisation: group std vs none (Dr.GRPO) vs batch std
+	$(PY) scripts/make_table.py std_norm $(ARGS)
+
+table-clip: venv ## Table: clip range eps in {0.1,0.2,0.3} x epochs in {1,4}, with clipped fractions
+	$(PY) scripts/make_table.py clip $(ARGS)
+
+table-kl: venv ## Table: KL beta in {0,0.001,0.04} x estimator k2/k3
+	$(PY) scripts/make_table.py kl $(ARGS)
+
 clean: ## Remove outputs/, multirun/ and the model cache (keeps .venv)
 	rm -rf outputs multirun .cache
