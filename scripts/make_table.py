@@ -706,7 +706,11 @@ def _pct(x: float) -> str:
 
 
 def group_variant(group) -> str | None:
-    return group.values.get(VARIANT_GROUP)
+    """The variant a row's runs share (also when rows are grouped by config keys), else None."""
+    if VARIANT_GROUP in group.values:
+        return group.values[VARIANT_GROUP]
+    names = {r.override_map.get(VARIANT_GROUP) for r in group.runs}
+    return names.pop() if len(names) == 1 else None
 
 
 def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
