@@ -147,7 +147,7 @@ def _fake_run(d: Path, variant: str, seed: int, acc: float | None, status: str =
     d.mkdir(parents=True)
     (d / ".hydra").mkdir()
     (d / ".hydra" / "overrides.yaml").write_text(f"- +variant={variant}\n- seed={seed}\n- rollout=hf\n")
-    (d / "config.yaml").write_text(f"seed: {seed}\nrun_name: {variant}_s{seed}\n")
+    (d / "config.yaml").write_text(f"seed: {seed}\nrun_name: {variant}_s{seed}\nrollout: {{temperature: {variant!r}}}\n")
     rows = [{"step": 0, "samples": 0, "eval/accuracy": 0.5},
             {"step": 150, "samples": 38400, "perf/step_time_s": 0.2, "eval/accuracy": acc}]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -223,3 +223,23 @@ def test_smoke_every_table(name, warm_cache, tmp_path):
     md = check_smoke_table(name, proc, tmp_path)
     if name == "algorithms":
         assert "| sft_control | 1 ok / 0 failed |" in md
+
+
+def test_rows_grouped_by_config_keys_keep_their_variant_names(tmp_path):
+    spec = make_table.load_spec(write_spec(tmp_path, """
+        title: by config
+        paper_finding: "p (arXiv 0000.00000)"
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0]}
+          - {name: b, overrides: [rollout.temperature=0.9]}
+        baseline: b
+        group_by: [rollout.temperature]
+    """))
+    plan = make_table.make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    for i in range(2):
+        _fake_run(plan.runs_dir / f"a{i}", "a", i, 0.6 + i / 100)
+        _fake_run(plan.runs_dir / f"b{i}", "b", i, 0.5 + i / 100)
+    result = make_table.build(plan, header_extra={}, launch_notes=[])
+    assert result["keys"] == ["rollout.temperature"]
+    assert result["findings"]["baseline"] == "b" and result["findings"]["best"] == "a"
+    assert "| b (baseline) |" in result["md"].read_text()
