@@ -929,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     date = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     log = plan.runs_dir / "make_table.log"
-    if plan.launcher[:1] and plan.launcher[0] == "hydra/launcher=joblib" and len(plan.seeds) > 0:
+    if any(o in plan.launcher for o in ("hydra/launcher=joblib", "hydra/launcher=submitit_local")):
         t0 = time.time()
         rc = prewarm(plan, log)
         launch_notes.append(f"warm-up cache filled serially before the parallel launch ({time.time() - t0:.0f} s, "
