@@ -92,3 +92,16 @@ def test_bad_values_fail_before_any_model_is_loaded(tmp_path):
     assert proc.returncode != 0
     assert "raise rollout.group_size to >= 2" in proc.stderr
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("launcher,target", [
+    ("joblib", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+    ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+])
+def test_sweep_launchers_compose(launcher, target):
+    """Local parallel sweeps (joblib) and Slurm (submitit, our documented conf/hydra/launcher/slurm.yaml)."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_ == target
+    if launcher == "slurm":
+        assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.timeout_min == 240
