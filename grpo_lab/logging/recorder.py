@@ -34,6 +34,17 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not (isinstance(v, float) and not math.isfinite(v))
 
 
+def run_tags(cfg: DictConfig, overrides: list[str], swept_keys: list[str]) -> list[str]:
+    """The settings researchers filter by, always present, then every swept override as key=value."""
+    a = cfg.algorithm
+    tags = [f"algorithm={a.name}", f"G={cfg.rollout.group_size}", f"clip={a.clip_low:g}-{a.clip_high:g}",
+            f"kl={a.kl.coef:g}", f"seed={cfg.seed}", f"task={cfg.task.name}"]
+    values = dict(o.split("=", 1) for o in overrides if "=" in o)
+    tags += [f"{k}={values[k]}" for k in swept_keys if k in values] + list(cfg.logger.tags)
+    # wandb caps a tag at 64 characters; keep order, drop duplicates.
+    return list(dict.fromkeys(t[:64] for t in tags))
+
+
 class RunRecorder:
     def __init__(self, run_dir: Path, cfg: DictConfig, *, overrides: list[str], sweep: str | None,
                  swept_keys: list[str]):
@@ -49,11 +60,10 @@ class RunRecorder:
         if cfg.logger.backend == "wandb":
             import wandb
 
-            values = dict(o.split("=", 1) for o in overrides if "=" in o)
-            tags = [f"{k}={values[k]}" for k in swept_keys if k in values] + list(cfg.logger.tags)
             self.wandb = wandb.init(
                 project=cfg.logger.project, entity=cfg.logger.entity, name=cfg.run_name,
-                group=cfg.logger.group or sweep, job_type=cfg.algorithm.name, tags=tags or None,
+                group=cfg.logger.group or sweep or f"{cfg.task.name}-{cfg.algorithm.name}",
+                job_type=cfg.algorithm.name, tags=run_tags(cfg, overrides, swept_keys),
                 config=OmegaConf.to_container(cfg, resolve=True), dir=str(self.run_dir),
                 mode=wandb_mode(cfg.logger.mode), reinit="finish_previous",
                 settings=wandb.Settings(console="off", silent=True))
