@@ -5,6 +5,8 @@ Uses matplotlib's Agg backend so it runs on headless machines and inside CI.
 
 from __future__ import annotations
 
+import textwrap
+
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,7 +65,8 @@ def plot_curves(
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_ylabel(f"{metric} (%)" if scale == 100.0 else metric)
     if title:
-        ax.set_title(title)
+        # Long table titles would run off the figure: wrap them to its width.
+        ax.set_title(textwrap.fill(title, 70), fontsize=10)
     if drawn:
         ax.legend(fontsize=7, loc="best")
         ax.grid(alpha=0.3)
