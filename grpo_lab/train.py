@@ -24,12 +24,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from grpo_lab.algos import linear_warmup
 from grpo_lab.config import derive_run_name, finalize, register_configs, validate
 from grpo_lab.learner.learner import Learner, resolve_device, set_cpu_threads
 from grpo_lab.learner.sft import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.models import MODEL_BUILDERS
-from grpo_lab.algos import linear_warmup
 from grpo_lab.phases import (PREPARE_BATCH, RewardNormalizer, collect_phase, evaluate, group_size_at, make_sampler,
                              rollout_metrics, to_learner_batch)
 from grpo_lab.rollout import make_engine
