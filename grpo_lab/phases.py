@@ -9,9 +9,11 @@ No formula lives here: the math is in grpo_lab/algos, reached through its regist
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -19,7 +21,7 @@ from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, best_of_group_m
                             ema_reward_normalize, group_preference_pairs, group_stats, informative_group_mask,
                             soft_overlong_penalty)
 from grpo_lab.algos.registry import Registry
-from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt, pair_batch
+from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt, encode_target, pair_batch
 from grpo_lab.rewards import compute_rewards, is_correct
 from grpo_lab.rollout import Rollout
 
@@ -134,10 +136,6 @@ class PairFileSampler(GroupSampler):
     preference phase and learner serve offline DPO and DPO on the policy's own groups."""
 
     def __init__(self, path: str, tokenizer, *, seed: int):
-        import json
-        from pathlib import Path
-
-        from grpo_lab.learner.batch import encode_target
         file = Path(path)
         if not file.is_file():
             raise FileNotFoundError(f"algorithm.preference.pairs={path!r} is not a file; give a JSONL file with "
