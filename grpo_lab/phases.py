@@ -20,7 +20,7 @@ import torch
 from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, best_of_group_mask, best_worst_pairs,
                             ema_reward_normalize, group_preference_pairs, group_stats, informative_group_mask,
                             soft_overlong_penalty)
-from grpo_lab.algos.registry import Registry
+from grpo_lab.registry import Registry
 from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt, encode_target, pair_batch
 from grpo_lab.rewards import compute_rewards, is_correct
 from grpo_lab.rollout import Rollout

@@ -30,7 +30,7 @@ from .policy_losses import (
     vanilla_pg,
 )
 from .preference import best_worst_pairs, dpo_loss, group_preference_pairs, sequence_logps
-from .registry import Registry, UnknownChoiceError
+from grpo_lab.registry import Registry, UnknownChoiceError
 from .shaping import (
     best_of_group_mask,
     ema_reward_normalize,

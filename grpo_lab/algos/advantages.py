@@ -44,7 +44,7 @@ from ._utils import (
     masked_whiten,
     work_dtype,
 )
-from .registry import Registry
+from grpo_lab.registry import Registry
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 

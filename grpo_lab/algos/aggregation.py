@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ._utils import as_bool_mask
-from .registry import Registry
+from grpo_lab.registry import Registry
 
 AGGREGATIONS = Registry("loss aggregation")
 

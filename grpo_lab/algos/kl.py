@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ._utils import LOG_RATIO_CLAMP
-from .registry import Registry
+from grpo_lab.registry import Registry
 
 KL_ESTIMATORS = Registry("KL estimator")
 

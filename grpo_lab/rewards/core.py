@@ -31,7 +31,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_lab.algos.registry import Registry
+from grpo_lab.registry import Registry
 
 from .answers import extract_answer
 

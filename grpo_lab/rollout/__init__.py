@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_lab.algos.registry import Registry
+from grpo_lab.registry import Registry
 from grpo_lab.rollout.base import Rollout, RolloutEngine
 
 ROLLOUT_ENGINES = Registry("rollout engine")

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_lab.algos.registry import Registry
+from grpo_lab.registry import Registry
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from grpo_lab.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grpo_lab.algos.registry import Registry, UnknownChoiceError
+from grpo_lab.registry import Registry, UnknownChoiceError
 
 
 def test_register_get_names_contains():

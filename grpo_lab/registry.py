@@ -1,0 +1,133 @@
+"""A name -> entry registry: one per concept (advantage estimator, policy loss, objective, engine, ...).
+
+Dispatch goes only through a registry (verl's ``register_adv_est`` pattern), so no code outside a
+registry writes ``if name == "grpo"``. Every function in one registry shares one calling
+convention; the registry does not check signatures, the tests of each module do.
+
+Two things live on an entry besides its function:
+
+* **facts** (``register("rloo", min_group_size=2)``): what the rest of the lab must know about the
+  entry (needs a critic, needs G >= 2, ...). ``validate()`` asks ``registry.fact(name, key)``
+  instead of keeping lists of names.
+* **settings by signature** (``registry.call(name, *tensors, **settings)``): the caller passes every
+  setting of its config section; each function receives only the keyword arguments its signature
+  names. A new setting therefore touches the schema, the YAML and the one function that reads it,
+  never the call site or the other entries.
+
+This module is neutral ground: the pure math (``grpo_lab.algos``) and the I/O-side registries
+(rollout engines, models, tasks, rewards, objectives) all use it, and it imports nothing of the lab.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UnknownChoiceError(KeyError, ValueError):
+    """Raised by :meth:`Registry.get` for a name that is not registered.
+
+    Subclasses both ``KeyError`` (it is a failed lookup) and ``ValueError`` (it is usually a bad
+    config value), so callers may catch either.
+    """
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would repr() the message and wrap it in quotes.
+        return str(self.args[0]) if self.args else ""
+
+
+def call_with_known_kwargs(fn: Callable[..., Any], *args: Any, **settings: Any) -> Any:
+    """``fn(*args, **settings)`` with only the keyword arguments ``fn``'s signature names
+    (all of them when it takes ``**kwargs``): one config section serves many functions."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        settings = {k: v for k, v in settings.items() if k in params}
+    return fn(*args, **settings)
+
+
+class Registry:
+    """Maps names to functions (or classes) of one kind, each with a dict of facts.
+
+    Example::
+
+        ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+
+        @ADVANTAGE_ESTIMATORS.register("rloo", min_group_size=2)
+        def rloo(...): ...
+
+        fn = ADVANTAGE_ESTIMATORS.get("rloo")
+        ADVANTAGE_ESTIMATORS.fact("rloo", "min_group_size")           # -> 2
+        ADVANTAGE_ESTIMATORS.call("rloo", rewards, mask, ids, eps=1e-6, gamma=1.0)
+    """
+
+    def __init__(self, kind: str, *, defaults: Mapping[str, Any] | None = None) -> None:
+        # `kind` names the concept in error messages ("unknown advantage estimator 'x'").
+        self.kind = kind
+        # Facts an entry has unless its registration says otherwise (e.g. min_group_size=1).
+        self.defaults = dict(defaults or {})
+        self._entries: dict[str, Callable[..., Any]] = {}
+        self._facts: dict[str, dict[str, Any]] = {}
+
+    def register(self, name: str, **facts: Any) -> Callable[[F], F]:
+        """Decorator registering ``fn`` under ``name`` with ``facts``; a second use of a name is an error."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        unknown = sorted(set(facts) - set(self.defaults)) if self.defaults else []
+        if unknown:
+            raise ValueError(f"{self.kind} {name!r}: unknown facts {unknown}; known: {sorted(self.defaults)}")
+
+        def decorator(fn: F) -> F:
+            if name in self._entries:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered "
+                    f"(by {getattr(self._entries[name], '__qualname__', self._entries[name])!s}); "
+                    "pick another name"
+                )
+            self._entries[name] = fn
+            self._facts[name] = {**self.defaults, **facts}
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> Callable[..., Any]:
+        """The function registered as ``name``; :class:`UnknownChoiceError` lists valid names."""
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):  # TypeError: unhashable name from a bad config
+            raise UnknownChoiceError(
+                f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}"
+            ) from None
+
+    def fact(self, name: str, key: str) -> Any:
+        """A fact about the entry ``name`` (its registration's value, else the registry's default)."""
+        self.get(name)  # unknown names fail with the list of choices
+        facts = self._facts[name]
+        if key not in facts:
+            raise KeyError(f"{self.kind} {name!r} has no fact {key!r}; it has {sorted(facts)}")
+        return facts[key]
+
+    def call(self, name: str, *args: Any, **settings: Any) -> Any:
+        """Call entry ``name`` with ``args`` and the subset of ``settings`` its signature names."""
+        return call_with_known_kwargs(self.get(name), *args, **settings)
+
+    def names(self) -> list[str]:
+        """Registered names, in registration order."""
+        return list(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            return name in self._entries
+        except TypeError:
+            return False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, names={self.names()})"
