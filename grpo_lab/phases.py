@@ -1,27 +1,23 @@
 """The phases of one RL step, each a short function the train loop calls in order:
 
     prompts ─▶ rollout_phase ─▶ reward_phase ─▶ (collect_phase: DAPO dynamic sampling)
-            ─▶ to_learner_batch ─▶ Learner.score ─▶ advantage_phase ─▶ Learner.update ─▶ sync
+            ─▶ to_learner_batch ─▶ Learner.score ─▶ objective.prepare ─▶ Learner.update ─▶ sync
     and evaluate() for greedy held-out accuracy.
 
-No formula lives here: the math is in grpo_lab/algos, reached through its registries.
+No formula lives here: the math is in grpo_lab/algos, reached through its registries; what an
+objective does with a scored batch is in grpo_lab/objectives.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, best_of_group_mask, best_worst_pairs,
-                            ema_reward_normalize, group_preference_pairs, group_stats, informative_group_mask,
-                            soft_overlong_penalty)
-from grpo_lab.registry import Registry
-from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt, encode_target, pair_batch
+from grpo_lab.algos import ema_reward_normalize, group_stats, informative_group_mask, soft_overlong_penalty
+from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
 from grpo_lab.rewards import compute_rewards, is_correct
 from grpo_lab.rollout import Rollout
 
@@ -40,6 +36,13 @@ class PromptStream:
                 self.rng.shuffle(self.order)
             out.append(self.items[self.order.pop()])
         return out
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate(), "order": list(self.order)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.order = list(state["order"])
 
 
 @dataclass
@@ -116,6 +119,14 @@ class GroupSampler:
         if group_size is not None:
             self.group_size = group_size
 
+    def state_dict(self) -> dict:
+        """Position in the prompt stream and the call counter that seeds each rollout."""
+        return {"stream": self.stream.state_dict(), "calls": getattr(self, "calls", 0)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+        self.calls = state["calls"]
+
     def __call__(self, k: int) -> ScoredRollout:
         items = self.stream.take(k)
         self.calls += 1
@@ -128,52 +139,6 @@ class GroupSampler:
         self.timings["rollout"] += t1 - t0
         self.timings["reward"] += time.time() - t1
         return scored
-
-
-class PairFileSampler(GroupSampler):
-    """Offline preference pairs from a local JSONL file ({"prompt", "chosen", "rejected"} per line):
-    each pair becomes a group of two sequences with rewards 1 (chosen) and 0 (rejected), so the same
-    preference phase and learner serve offline DPO and DPO on the policy's own groups."""
-
-    def __init__(self, path: str, tokenizer, *, seed: int):
-        file = Path(path)
-        if not file.is_file():
-            raise FileNotFoundError(f"algorithm.preference.pairs={path!r} is not a file; give a JSONL file with "
-                                    "prompt/chosen/rejected fields, or pairs=policy to pair the policy's own samples")
-        rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-        missing = [k for k in ("prompt", "chosen", "rejected") if rows and k not in rows[0]]
-        if not rows or missing:
-            raise ValueError(f"{path}: need JSONL lines with prompt, chosen and rejected fields (missing: {missing})")
-        self.pairs = [(encode_prompt(tokenizer, r["prompt"]), encode_target(tokenizer, r["chosen"]),
-                       encode_target(tokenizer, r["rejected"]), r) for r in rows]
-        self.stream = PromptStream(list(range(len(self.pairs))), seed)
-        self.tokenizer = tokenizer
-        self.reset(group_size=2)
-
-    def __call__(self, k: int) -> ScoredRollout:
-        t0 = time.time()
-        out, items = Rollout([], [], [], [], [], [], meta={"offline": True}), []
-        for g, i in enumerate(self.stream.take(k)):
-            prompt, chosen, rejected, row = self.pairs[i]
-            for ids, text in ((chosen, row["chosen"]), (rejected, row["rejected"])):
-                out.prompt_ids.append(prompt)
-                out.completion_ids.append(ids)
-                out.sampler_logprobs.append([0.0] * len(ids))    # not sampled: no sampler logprobs
-                out.texts.append(text)
-                out.group_ids.append(g)
-                out.truncated.append(False)
-                items.append(row)
-        self.timings["rollout"] += time.time() - t0
-        n = len(out)
-        return ScoredRollout(out, items, torch.tensor([1.0, 0.0] * (n // 2)), torch.tensor([1.0, 0.0] * (n // 2)))
-
-
-def make_sampler(cfg, engine, tokenizer, train_items: list) -> GroupSampler:
-    """Where a step's sequences come from: the engine's groups, or a local file of preference pairs."""
-    pref = cfg.algorithm.preference
-    if cfg.algorithm.objective == "preference" and pref.pairs != "policy":
-        return PairFileSampler(pref.pairs, tokenizer, seed=cfg.seed)
-    return GroupSampler(engine, tokenizer, PromptStream(train_items, cfg.seed), cfg, seed=cfg.seed)
 
 
 def collect_phase(sample, prompts_per_step: int, *, dynamic: bool, max_rounds: int) -> tuple[ScoredRollout, dict]:
@@ -241,60 +206,11 @@ class RewardNormalizer:
                                                                     decay=self.decay)
         return out
 
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
 
-# How a scored batch becomes what the objective trains on: advantages for the policy gradient,
-# (chosen, rejected) pairs for preference losses. Keyed by algorithm.objective.
-PREPARE_BATCH = Registry("batch preparation")
-
-
-@PREPARE_BATCH.register("policy_gradient")
-def advantage_phase(batch: TensorBatch, algo_cfg, *, normalizer: "RewardNormalizer") -> tuple[TensorBatch, dict]:
-    """Token rewards -> registered advantage estimator; sets advantages, returns, loss_mask (and anchor)."""
-    mask = batch["response_mask"]
-    rewards = normalizer(batch["rewards"])
-    # The scalar outcome reward sits on the last real token (outcome-reward convention of verl/OpenRLHF).
-    last = (mask.sum(-1).long() - 1).clamp(min=0)                        # [N]
-    token_rewards = torch.zeros_like(mask)
-    token_rewards[torch.arange(len(batch)), last] = rewards * (mask.sum(-1) > 0)
-    metrics = {}
-    if algo_cfg.kl.coef > 0 and algo_cfg.kl.placement == "reward":
-        # KL inside the reward (PPO / REINFORCE++): r_t -= β · KL_t(π_old || π_ref).
-        kl = KL_ESTIMATORS.get(algo_cfg.kl.estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
-        token_rewards = token_rewards - algo_cfg.kl.coef * kl
-        metrics["reward/kl_penalty"] = float(kl.sum() / mask.sum().clamp(min=1))
-    advantages, returns = ADVANTAGE_ESTIMATORS.get(algo_cfg.advantage)(
-        token_rewards, mask, batch["group_ids"], batch["old_values"] if "old_values" in batch else None,
-        eps=algo_cfg.adv_eps, gamma=algo_cfg.gamma, lam=algo_cfg.lam)
-    batch["advantages"], batch["returns"] = advantages, returns
-    loss_mask = mask.clone()
-    if algo_cfg.overlong.filter:
-        # DAPO overlong filtering: truncated samples carry no reward signal about the answer.
-        loss_mask = loss_mask * (~batch["truncated"]).float()[:, None]
-    batch["loss_mask"] = loss_mask
-    if algo_cfg.sft_anchor_coef > 0:
-        batch["anchor_weight"] = best_of_group_mask(batch["rewards"], batch["group_ids"]).float()
-    real = mask.sum(-1) > 0
-    metrics["actor/advantage_abs_mean"] = float(advantages.abs().sum() / mask.sum().clamp(min=1))
-    metrics["rollout/overlong_filtered_frac"] = float(1.0 - loss_mask.sum() / mask.sum().clamp(min=1))
-    metrics["reward/mean_used"] = float(rewards[real].mean()) if real.any() else 0.0
-    return batch, metrics
-
-
-@PREPARE_BATCH.register("preference")
-def preference_phase(batch: TensorBatch, algo_cfg, *, normalizer: "RewardNormalizer") -> tuple[TensorBatch, dict]:
-    """(chosen, rejected) pairs from each scored group: best vs worst (dpo) or every ordered pair,
-    optionally Bradley-Terry weighted (group_dpo)."""
-    pref = algo_cfg.preference
-    if pref.loss == "group_dpo":
-        chosen, rejected, weights = group_preference_pairs(batch["rewards"], batch["group_ids"],
-                                                           bt_weighting=pref.bt_weighting)
-    else:
-        chosen, rejected, weights = best_worst_pairs(batch["rewards"], batch["group_ids"])
-    metrics = {"rollout/preference_pairs": float(len(chosen))}
-    if len(chosen) == 0:
-        raise RuntimeError("no preference pairs: every group's rewards agree. Raise rollout.group_size or "
-                           "turn on algorithm.dynamic_sampling.enabled=true to keep only informative groups")
-    return pair_batch(batch, chosen, rejected, weights), metrics
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
 
 def rollout_metrics(scored: ScoredRollout) -> dict:

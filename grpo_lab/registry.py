@@ -39,7 +39,7 @@ class UnknownChoiceError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-def call_with_known_kwargs(fn: Callable[..., Any], *args: Any, **settings: Any) -> Any:
+def call_with_known_kwargs(fn: Callable[..., Any], /, *args: Any, **settings: Any) -> Any:
     """``fn(*args, **settings)`` with only the keyword arguments ``fn``'s signature names
     (all of them when it takes ``**kwargs``): one config section serves many functions."""
     params = inspect.signature(fn).parameters
@@ -60,7 +60,7 @@ class Registry:
 
         fn = ADVANTAGE_ESTIMATORS.get("rloo")
         ADVANTAGE_ESTIMATORS.fact("rloo", "min_group_size")           # -> 2
-        ADVANTAGE_ESTIMATORS.call("rloo", rewards, mask, ids, eps=1e-6, gamma=1.0)
+        ADVANTAGE_ESTIMATORS.call("rloo", rewards, mask, ids, adv_eps=1e-6, gamma=1.0)  # rloo reads neither
     """
 
     def __init__(self, kind: str, *, defaults: Mapping[str, Any] | None = None) -> None:
@@ -109,7 +109,7 @@ class Registry:
             raise KeyError(f"{self.kind} {name!r} has no fact {key!r}; it has {sorted(facts)}")
         return facts[key]
 
-    def call(self, name: str, *args: Any, **settings: Any) -> Any:
+    def call(self, name: str, /, *args: Any, **settings: Any) -> Any:
         """Call entry ``name`` with ``args`` and the subset of ``settings`` its signature names."""
         return call_with_known_kwargs(self.get(name), *args, **settings)
 

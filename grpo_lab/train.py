@@ -3,15 +3,16 @@
 One step reads top to bottom as named phases:
 
     prompts ─▶ rollout (engine samples G per prompt) ─▶ rewards ─▶ [dynamic sampling]
-            ─▶ learner.score (π_old, π_ref, values) ─▶ advantages ─▶ learner.update ─▶ push weights
-            ─▶ metrics (rollout/, reward/, actor/, critic/, perf/, eval/) ─▶ metrics.jsonl + wandb
+            ─▶ learner.score (π_old, π_ref, values) ─▶ objective.prepare (advantages or pairs)
+            ─▶ learner.update ─▶ push weights ─▶ metrics (rollout/, reward/, actor/, critic/, perf/, eval/)
+            ─▶ metrics.jsonl + wandb ─▶ [resumable checkpoint every trainer.checkpoint_every steps]
 
-The loop owns no math (grpo_lab/algos) and no I/O format (grpo_lab/logging).
+The loop owns no math (grpo_lab/algos), no objective (grpo_lab/objectives) and no I/O format
+(grpo_lab/logging, grpo_lab/checkpoint).
 """
 
 from __future__ import annotations
 
-import inspect
 import signal
 import sys
 import time
@@ -24,46 +25,36 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from grpo_lab.algos import linear_warmup
-from grpo_lab.config import derive_run_name, finalize, register_configs, validate
+from grpo_lab import checkpoint
+from grpo_lab.config import ConfigError, finalize, register_configs, validate
 from grpo_lab.learner.learner import Learner, resolve_device, set_cpu_threads
 from grpo_lab.learner.sft import cache_key, warmup_sft
-from grpo_lab.logging.recorder import RunRecorder
+from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
 from grpo_lab.models import MODEL_BUILDERS
-from grpo_lab.phases import (PREPARE_BATCH, RewardNormalizer, collect_phase, evaluate, group_size_at, make_sampler,
-                             rollout_metrics, to_learner_batch)
+from grpo_lab.objectives import OBJECTIVES
+from grpo_lab.phases import RewardNormalizer, collect_phase, evaluate, group_size_at, rollout_metrics, to_learner_batch
 from grpo_lab.rollout import make_engine
 from grpo_lab.tasks import TASKS
 
-register_configs()
-# Used by hydra.run.dir / hydra.sweep.subdir, so directories carry the same name as the run.
-OmegaConf.register_new_resolver(
-    "grpo_run_name", lambda *, _root_: _root_.get("run_name") or derive_run_name(_root_), replace=True)
 
-
-def call_with_known_kwargs(fn, values: dict):
-    """Call a registered builder with the config fields its signature names (one schema, many builders)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return fn(**values)
-    return fn(**{k: v for k, v in values.items() if k in params})
+class NonFiniteError(RuntimeError):
+    """The run produced NaN/inf values it cannot recover from; no checkpoint is written over them."""
 
 
 def build_task(cfg: DictConfig):
     fields = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if v is not None}
     fields.pop("max_completion_tokens")
-    return call_with_known_kwargs(TASKS.get(fields.pop("source")), fields)
+    return TASKS.call(fields.pop("source"), **fields)
 
 
 def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dict]:
     """Model built from config (cached), then supervised warm-up (cached): the RL starting point."""
     cache = Path(cfg.cache_dir)
     model_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if v is not None}
-    builder = MODEL_BUILDERS.get(model_kwargs.pop("builder"))
+    builder = model_kwargs.pop("builder")
     alphabet = task.alphabet()
     base_dir = cache / "models" / cache_key(cfg.model, alphabet, cfg.seed)
-    base_dir = Path(call_with_known_kwargs(builder, {"out_dir": base_dir, "alphabet": alphabet, "seed": cfg.seed,
-                                                     **model_kwargs}))
+    base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed, **model_kwargs))
     if cfg.warmup.max_steps == 0:
         return base_dir, {"skipped": True}
     warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed)
@@ -75,9 +66,10 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
 class ProgressLine:
     """A progress bar with a live line of key metrics; in a log file (no TTY), a plain line every ~5 %."""
 
-    def __init__(self, total: int, desc: str):
-        self.tty, self.total, self.step = sys.stdout.isatty(), total, 0
-        self.bar = tqdm(total=total, desc=desc, dynamic_ncols=True, file=sys.stdout, disable=not self.tty)
+    def __init__(self, total: int, desc: str, start: int = 0):
+        self.tty, self.total, self.step = sys.stdout.isatty(), total, start
+        self.bar = tqdm(total=total, initial=start, desc=desc, dynamic_ncols=True, file=sys.stdout,
+                        disable=not self.tty)
 
     def update(self, m: dict, last_eval: dict, *, group_size: int) -> None:
         self.step += 1
@@ -97,7 +89,19 @@ def schedule_done(cfg: DictConfig, step: int, samples: int) -> bool:
     return step >= t.total_steps or (t.total_samples is not None and samples >= t.total_samples)
 
 
-def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
+def check_context(cfg: DictConfig, task, tokenizer) -> None:
+    """The longest prompt plus rollout.max_new_tokens must fit the engine's context: checked on the
+    tokenized prompts before any engine starts, not as a failure inside it."""
+    longest = max((len(tokenizer.encode(it.prompt)) + 1 for split in task.splits.values() for it in split), default=0)
+    if longest + cfg.rollout.max_new_tokens > cfg.rollout.max_model_len:
+        raise ConfigError(
+            f"rollout.max_model_len={cfg.rollout.max_model_len} is too small: the longest prompt of task "
+            f"{cfg.task.name!r} has {longest} tokens and rollout.max_new_tokens={cfg.rollout.max_new_tokens}; "
+            f"raise rollout.max_model_len to >= {longest + cfg.rollout.max_new_tokens} (within the model's context) "
+            "or lower rollout.max_new_tokens")
+
+
+def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
     from transformers import AutoTokenizer
 
     torch.manual_seed(cfg.seed)
@@ -106,37 +110,61 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
     task = build_task(cfg)
     policy_dir, warm = build_policy(cfg, task, device)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
-    learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm,
-                      temperature=cfg.rollout.temperature, seed=cfg.seed,
-                      max_completion_len=cfg.rollout.max_new_tokens)
-    engine = make_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
+    check_context(cfg, task, tokenizer)
     a, t = cfg.algorithm, cfg.trainer
+    objective = OBJECTIVES.get(a.objective)
+    learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=a, temperature=cfg.rollout.temperature,
+                      seed=cfg.seed, max_completion_len=cfg.rollout.max_new_tokens)
+    state = checkpoint.load(resume_from) if resume_from else None
+    if state:  # before the engine starts, so a bad checkpoint fails cheaply
+        learner.load_state(resume_from / "policy", state["learner"])
+    engine = make_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
     eval_items = task.splits[t.eval_split]
     max_new = cfg.rollout.max_new_tokens
-    sampler = make_sampler(cfg, engine, tokenizer, task.splits["train"])
+    sampler = objective.make_sampler(cfg, engine, tokenizer, task.splits["train"])
     normalizer = RewardNormalizer(a.reward_ema_decay)
     try:
-        before = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
-        recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
-        step = samples = 0
-        progress = ProgressLine(total=t.total_steps, desc=cfg.run_name)
+        if state:
+            engine.load_weights(learner.weights_for_sync())
+            sampler.load_state_dict(state["sampler"])
+            normalizer.load_state_dict(state["normalizer"])
+            checkpoint.set_rng_state(state["rng"])
+            step, samples, bad_steps, before = state["step"], state["samples"], state["bad_steps"], state["before"]
+        else:
+            before = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
+            recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
+            step = samples = bad_steps = 0
+        progress = ProgressLine(total=t.total_steps, desc=cfg.run_name, start=step)
         last_eval = before
         while not schedule_done(cfg, step, samples):
             step += 1
             sampler.reset(group_size=group_size_at(step, cfg.rollout))
-            t_step = time.time()
+            t_step, cpu_step = time.time(), time.process_time()
             scored, metrics = collect_phase(sampler, t.prompts_per_step, dynamic=a.dynamic_sampling.enabled,
                                             max_rounds=a.dynamic_sampling.max_rounds)
             samples += int(metrics.get("rollout/generated_samples", len(scored.rollout)))
 
             t0 = time.time()
-            batch = to_learner_batch(scored, tokenizer)
-            metrics.update(learner.score(batch))
-            batch, prep_metrics = PREPARE_BATCH.get(a.objective)(batch, a, normalizer=normalizer)
-            metrics.update(prep_metrics)
-            anchor = linear_warmup(step, a.sft_anchor_warmup, a.sft_anchor_coef)
-            metrics.update(learner.update(batch, anchor_coef=anchor))
+            bad = not bool(torch.isfinite(scored.rewards).all())
+            if not bad:
+                batch = to_learner_batch(scored, tokenizer)
+                metrics.update(learner.score(batch))
+                batch, prep_metrics = objective.prepare(batch, a, normalizer=normalizer, step=step)
+                metrics.update(prep_metrics)
+                metrics.update(learner.update(batch))
+                bad = metrics["actor/nonfinite_updates"] > 0
+                if not learner.parameters_finite():
+                    raise NonFiniteError(f"the policy's weights became NaN/inf at step {step} (learner.lr="
+                                         f"{cfg.learner.lr:g}); lower learner.lr or set learner.grad_clip; no "
+                                         "checkpoint was written over them")
             t_learn = time.time() - t0
+            if bad:
+                bad_steps += 1
+                if bad_steps > t.max_bad_steps:
+                    raise NonFiniteError(
+                        f"{bad_steps} steps had NaN/inf rewards, losses or gradient norms (the last at step {step}); "
+                        f"more than trainer.max_bad_steps={t.max_bad_steps}. Check the reward functions and "
+                        "learner.lr; the last good policy is in the newest checkpoint")
 
             t0 = time.time()
             engine.load_weights(learner.weights_for_sync())
@@ -146,12 +174,19 @@ def train(cfg: DictConfig, recorder: RunRecorder) -> dict:
             metrics.update(sampler.reward_metrics)
             metrics.update({"perf/rollout_s": sampler.timings["rollout"], "perf/reward_s": sampler.timings["reward"],
                             "perf/learn_s": t_learn, "perf/sync_s": t_sync,
-                            "perf/step_time_s": time.time() - t_step})
+                            "perf/step_time_s": time.time() - t_step,
+                            "perf/cpu_time_s": time.process_time() - cpu_step,
+                            "actor/skipped_steps": float(bad_steps)})
             if t.eval_every and step % t.eval_every == 0 and not schedule_done(cfg, step, samples):
                 last_eval = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
                 metrics.update(last_eval)
             recorder.log(metrics, step=step, samples=samples)
             progress.update(metrics, last_eval, group_size=sampler.group_size)
+            if t.checkpoint_every and step % t.checkpoint_every == 0:
+                checkpoint.save(recorder.run_dir, step, learner=learner, tokenizer=tokenizer, keep=t.keep_checkpoints,
+                                state={"samples": samples, "bad_steps": bad_steps, "before": before,
+                                       "sampler": sampler.state_dict(), "normalizer": normalizer.state_dict(),
+                                       "recorder": recorder.state_dict()})
         progress.close()
         after = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
         recorder.log(after, step=step, samples=samples)
@@ -175,27 +210,56 @@ def print_before_after(result: dict, run_dir: Path) -> None:
     print(f"gain: {100 * (after['eval/accuracy'] - before['eval/accuracy']):+.1f} points   run: {run_dir}\n")
 
 
+def prepare_run_dir(cfg: DictConfig, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from (None: a fresh run). A fresh run never writes into a directory that
+    already holds another run's metrics: that would mix two runs' lines."""
+    resume_from = checkpoint.resolve(cfg.trainer.resume, run_dir)
+    if resume_from is None and recorded_lines(run_dir) > 0:
+        hint = ("it has no checkpoint to resume from (trainer.checkpoint_every was 0)" if cfg.trainer.resume
+                else "continue it with trainer.resume=auto")
+        raise ConfigError(f"{run_dir} already holds a run's metrics.jsonl; {hint}, or choose another "
+                          "hydra.run.dir (the default is a new timestamped directory)")
+    return resume_from
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> float:
+def run(cfg: DictConfig) -> float:
+    """One run: validate, then train, recording the outcome (also a failed validation) in the run directory."""
     # SIGTERM (a cancelled job, `kill`) unwinds like Ctrl-C, so the run is recorded as failed and the
     # engine's processes are shut down instead of being orphaned.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     hc = HydraConfig.get()
     cfg = finalize(cfg)
-    validate(cfg)  # before any model is loaded
+    run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
-    recorder = RunRecorder(Path(hc.runtime.output_dir), cfg, overrides=overrides,
-                           sweep=Path(hc.sweep.dir).name if multirun else None,
-                           swept_keys=[o.split("=", 1)[0] for o in overrides if "=" in o])
     try:
-        result = train(cfg, recorder)
+        validate(cfg)  # before any model is loaded
+        resume_from = prepare_run_dir(cfg, run_dir)
+    except Exception as err:
+        # A sweep job that fails here still leaves a record the report counts as failed, unless the
+        # directory already holds a run (nothing already written is lost).
+        if recorded_lines(run_dir) == 0:
+            record_failure(run_dir, cfg, overrides=overrides, error=err)
+        raise
+    state = checkpoint.load(resume_from)["recorder"] if resume_from else None
+    recorder = RunRecorder(run_dir, cfg, overrides=overrides, sweep=Path(hc.sweep.dir).name if multirun else None,
+                           swept_keys=[o.split("=", 1)[0] for o in overrides if "=" in o], resume=state)
+    try:
+        result = train(cfg, recorder, resume_from)
     except BaseException as err:
         recorder.finish(status="failed", error=err)
         raise
-    recorder.finish(status="completed", extra={"warmup": result["warmup"]})
+    recorder.finish(status="completed", extra={"warmup": result["warmup"],
+                                               "resumed_from": str(resume_from) if resume_from else None})
     print_before_after(result, recorder.run_dir)
     return float(result["after"]["eval/accuracy"])
+
+
+def main() -> None:
+    """Entry point: register the config schema and resolver explicitly, then let Hydra run."""
+    register_configs()
+    run()
 
 
 if __name__ == "__main__":

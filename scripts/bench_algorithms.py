@@ -55,23 +55,11 @@ def _maxrss_mib() -> float:
 
 def child(args: argparse.Namespace) -> None:
     """One algorithm, in this (fresh) process: run the loop, write what it measured to --out."""
-    import time
 
     import torch
 
     import grpo_lab.train as train  # imports torch, transformers and the package before the baseline
 
-    # CPU seconds of this process at the end of each step (when the loop logs it): a shared machine
-    # stretches wall time, far less the CPU time a step needs. Wraps the logger; the loop is untouched.
-    cpu_at_step: list[float] = []
-    log = train.RunRecorder.log
-
-    def stamped_log(self, metrics, *, step, samples):
-        if "perf/step_time_s" in metrics:
-            cpu_at_step.append(time.process_time())
-        return log(self, metrics, step=step, samples=samples)
-
-    train.RunRecorder.log = stamped_log
     baseline = _maxrss_mib()
     sys.argv = ["grpo_lab.train", "--config-path", str(REPO / "conf"), "--config-name", "config", *args.overrides]
     try:
@@ -79,8 +67,7 @@ def child(args: argparse.Namespace) -> None:
     except SystemExit as exc:
         if exc.code:
             raise
-    out = {"peak_rss_mib": _maxrss_mib(), "baseline_rss_mib": baseline, "threads": torch.get_num_threads(),
-           "cpu_at_step": cpu_at_step}
+    out = {"peak_rss_mib": _maxrss_mib(), "baseline_rss_mib": baseline, "threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         out["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
     Path(args.out).write_text(json.dumps(out))
@@ -101,8 +88,9 @@ def run_one(algorithm: str, overrides: list[str], steps: int, warmup: int, workd
     timed = [m for m in lines if "perf/step_time_s" in m][warmup:]
     mean = lambda key: statistics.fmean(m[key] for m in timed)  # noqa: E731
     cfg = (run_dir / "config.yaml").read_text()
-    cpu = result.pop("cpu_at_step")  # cpu[i] = CPU seconds when step i + 1 ended
-    result.update(cpu_step_s=(cpu[-1] - cpu[warmup - 1]) / steps if warmup >= 1 else None,
+    # CPU seconds of the trainer process per step, as the loop itself logs them (perf/cpu_time_s): a
+    # shared machine stretches wall time far more than the CPU time a step needs.
+    result.update(cpu_step_s=mean("perf/cpu_time_s"),
                   step_s=mean("perf/step_time_s"), learn_s=mean("perf/learn_s"), rollout_s=mean("perf/rollout_s"),
                   samples=mean("rollout/samples"), completion_len=mean("rollout/completion_len_mean"),
                   models=_models(run_dir), config=cfg)
@@ -113,11 +101,14 @@ def _models(run_dir: Path) -> str:
     """What the learner holds for this recipe: the policy, a reference (KL or DPO), a critic."""
     from omegaconf import OmegaConf
 
+    from grpo_lab.objectives import OBJECTIVES
+
     a = OmegaConf.load(run_dir / "config.yaml").algorithm
+    objective = OBJECTIVES.get(a.objective)
     models = ["policy"]
-    if a.kl.coef > 0 or a.objective == "preference":
+    if objective.needs_reference(a):
         models.append("ref")
-    if a.critic.enabled:
+    if objective.needs_critic(a):
         models.append("critic")
     return "+".join(models)
 

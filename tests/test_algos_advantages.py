@@ -68,7 +68,7 @@ def test_group_zscore_by_hand():
 
 def test_group_zscore_eps():
     # eps = 0.5: A = 0.5 / (0.5773503 + 0.5) = 0.4641016
-    adv, _ = group_zscore(TOKEN_REWARDS, MASK, GROUP_IDS, eps=0.5)
+    adv, _ = group_zscore(TOKEN_REWARDS, MASK, GROUP_IDS, adv_eps=0.5)
     assert_close(adv[1, 0], torch.tensor(0.5 / (math.sqrt(1 / 3) + 0.5), dtype=D))
 
 
@@ -149,7 +149,7 @@ def test_gae_by_hand_1x3():
     # delta_0 = 0 + 0.9*0.6 - 0.5 = 0.04;  A_0 = 0.04 + 0.72*0.246 = 0.21712
     raw = [0.21712, 0.246, 0.3]
     # returns = A + V = [0.71712, 0.846, 1.0]
-    adv, ret = gae(token_rewards, mask, torch.tensor([0]), values, gamma=gamma, lam=lam)
+    adv, ret = gae(token_rewards, mask, torch.tensor([0]), values=values, gamma=gamma, lam=lam)
     assert_close(ret, torch.tensor([[0.71712, 0.846, 1.0]], dtype=D))
     # whitened: mean 0.76312/3, unbiased std over the 3 tokens
     mean = sum(raw) / 3
@@ -163,7 +163,7 @@ def test_gae_padding_and_monte_carlo_limit():
     token_rewards = torch.tensor([[1.0, 2.0, GARBAGE]], dtype=D)
     values = torch.tensor([[0.0, 0.0, GARBAGE]], dtype=D)
     mask = torch.tensor([[1, 1, 0]])
-    _, ret = gae(token_rewards, mask, torch.tensor([0]), values)
+    _, ret = gae(token_rewards, mask, torch.tensor([0]), values=values)
     assert_close(ret, torch.tensor([[3.0, 2.0, 0.0]], dtype=D))
 
 
@@ -176,12 +176,12 @@ def test_gae_needs_values():
 def test_masked_positions_do_not_matter(name):
     gen = torch.Generator().manual_seed(1)
     values = torch.randn(7, 3, generator=gen, dtype=D)
-    fn = ADVANTAGE_ESTIMATORS.get(name)
-    adv, ret = fn(TOKEN_REWARDS, MASK, GROUP_IDS, values, gamma=0.9, lam=0.95)
+    settings = dict(gamma=0.9, lam=0.95, adv_eps=1e-6)   # all settings; each estimator takes what it reads
+    adv, ret = ADVANTAGE_ESTIMATORS.call(name, TOKEN_REWARDS, MASK, GROUP_IDS, values=values, **settings)
     pad = MASK == 0
     other_rewards = torch.where(pad, -7.0e5, TOKEN_REWARDS)
     other_values = torch.where(pad, 3.0e5, values)
-    adv2, ret2 = fn(other_rewards, MASK, GROUP_IDS, other_values, gamma=0.9, lam=0.95)
+    adv2, ret2 = ADVANTAGE_ESTIMATORS.call(name, other_rewards, MASK, GROUP_IDS, values=other_values, **settings)
     assert_close(adv2, adv)
     assert_close(ret2, ret)
     assert (adv[pad] == 0).all() and (ret[pad] == 0).all()

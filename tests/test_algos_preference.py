@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -86,3 +87,32 @@ def test_group_pairs_feed_dpo():
     loss, _ = dpo_loss(seq[chosen], seq[rejected], seq[chosen] + 1.0, seq[rejected], beta=0.5, weights=w)
     # h = 0.5 * [(-3 - (-2)) - 0] = -0.5 -> loss = log(1 + e^0.5)
     assert_close(loss, torch.tensor(_softplus(0.5), dtype=D))
+
+
+def test_ipo_loss_by_hand():
+    """IPO (arXiv 2310.12036 eq. 17): L = mean (h - 1/(2 beta))^2, h = chosen log-ratio - rejected log-ratio.
+    beta = 0.5 -> target 1/(2*0.5) = 1.
+    pair 0: h = (-1 - -2) - (-3 - -2) = 1 - (-1) = 2  -> (2 - 1)^2 = 1
+    pair 1: h = (-2 - -2) - (-2 - -2) = 0             -> (0 - 1)^2 = 1
+    pair 2: h = (-1 - -1.5) - (-2 - -1.5) = 0.5+0.5=1 -> 0
+    mean = 2/3."""
+    from grpo_lab.algos import PREFERENCE_LOSSES, ipo_loss
+
+    pc, pr = torch.tensor([-1.0, -2.0, -1.0]), torch.tensor([-3.0, -2.0, -2.0])
+    rc, rr = torch.tensor([-2.0, -2.0, -1.5]), torch.tensor([-2.0, -2.0, -1.5])
+    loss, m = ipo_loss(pc, pr, rc, rr, beta=0.5)
+    assert loss.item() == pytest.approx(2 / 3)
+    # implicit rewards are beta-scaled log-ratios: margins 0.5*2, 0, 0.5*1 -> mean 0.5; accuracy 2/3
+    assert m["reward_margin"].item() == pytest.approx(0.5)
+    assert m["reward_accuracy"].item() == pytest.approx(2 / 3)
+    assert PREFERENCE_LOSSES.get("ipo") is ipo_loss and "dpo" in PREFERENCE_LOSSES
+
+
+def test_pairings_are_registered_with_their_settings():
+    from grpo_lab.algos import PAIRINGS
+
+    rewards, groups = torch.tensor([1.0, 0.0, 0.5]), torch.tensor([0, 0, 0])
+    c, r, w = PAIRINGS.call("all_pairs", rewards, groups, bt_weighting=False, beta=0.1)  # beta: not its setting
+    assert sorted(zip(c.tolist(), r.tolist())) == [(0, 1), (0, 2), (2, 1)]
+    c, r, w = PAIRINGS.call("best_worst", rewards, groups, bt_weighting=True)
+    assert (c.tolist(), r.tolist()) == ([0], [1])

@@ -45,9 +45,19 @@ GROUPS = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 4])
 def test_informative_group_mask():
     keep = informative_group_mask(REWARDS, GROUPS)
     assert keep.tolist() == [False, False, False, True, True, False, False, False, False]
-    # with atol = 0 group 3 becomes informative
-    keep0 = informative_group_mask(REWARDS, GROUPS, atol=0.0)
-    assert keep0.tolist() == [False, False, False, True, True, False, True, True, False]
+
+
+def test_dynamic_sampling_and_advantages_share_one_definition_of_agreeing_rewards():
+    """A group dynamic sampling drops (rewards agree within REWARD_ATOL) gets advantage exactly 0 from
+    every group estimator, and every group it keeps gets a non-zero advantage somewhere."""
+    from grpo_lab.algos import ADVANTAGE_ESTIMATORS
+
+    keep = informative_group_mask(REWARDS, GROUPS)
+    token_rewards, mask = REWARDS[:, None], torch.ones(len(REWARDS), 1)
+    for name in ("group_zscore", "group_mean", "group_mean_batch_std", "rloo"):
+        adv, _ = ADVANTAGE_ESTIMATORS.call(name, token_rewards, mask, GROUPS, adv_eps=1e-6)
+        assert (adv[~keep] == 0).all(), name
+        assert (adv[keep] != 0).all(), name
 
 
 def test_group_stats():

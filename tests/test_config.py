@@ -8,8 +8,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-import grpo_lab.train  # noqa: F401  registers the schema and the run-name resolver
-from grpo_lab.config import ConfigError, derive_run_name, finalize, validate
+from grpo_lab.config import ConfigError, derive_run_name, finalize, register_configs, validate
+
+register_configs()  # what every entry point does before Hydra composes
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ["algorithm", "model", "task", "reward", "rollout", "learner", "logger"]

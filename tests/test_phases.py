@@ -8,14 +8,16 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_lab.learner.batch import collate
-from grpo_lab.phases import (PREPARE_BATCH, PromptStream, RewardNormalizer, ScoredRollout, collect_phase,
+from grpo_lab.objectives import OBJECTIVES
+from grpo_lab.phases import (PromptStream, RewardNormalizer, ScoredRollout, collect_phase,
                              group_size_at)
 from grpo_lab.rollout import Rollout
 
 ALGO = OmegaConf.create({
     "advantage": "group_zscore", "adv_eps": 1e-6, "gamma": 1.0, "lam": 1.0, "reward_ema_decay": None,
     "kl": {"coef": 0.0, "estimator": "k3", "placement": "loss"}, "overlong": {"filter": False},
-    "sft_anchor_coef": 0.0, "preference": {"loss": "dpo", "bt_weighting": False}})
+    "sft_anchor_coef": 0.0, "sft_anchor_warmup": 0,
+    "preference": {"loss": "dpo", "pairing": "best_worst", "bt_weighting": False}})
 
 
 def test_group_size_schedule():
@@ -67,7 +69,7 @@ def test_advantages_broadcast_over_real_tokens_and_overlong_filter_masks_truncat
     # Group 0: rewards 1, 0 -> z-scores +0.7071, -0.7071 (std with Bessel: sqrt(0.5) = 0.7071).
     b = learner_batch([1.0, 0.0, 0.5, 0.5], lengths=[3, 1, 2, 2], truncated=[False, True, False, False])
     algo = OmegaConf.merge(ALGO, {"overlong": {"filter": True}})
-    b, metrics = PREPARE_BATCH.get("policy_gradient")(b, algo, normalizer=RewardNormalizer(None))
+    b, metrics = OBJECTIVES.get("policy_gradient").prepare(b, algo, normalizer=RewardNormalizer(None), step=1)
     adv = b["advantages"]
     torch.testing.assert_close(adv[0], torch.tensor([0.7071, 0.7071, 0.7071]), atol=1e-4, rtol=0)
     torch.testing.assert_close(adv[1], torch.tensor([-0.7071, 0.0, 0.0]), atol=1e-4, rtol=0)
@@ -78,6 +80,13 @@ def test_advantages_broadcast_over_real_tokens_and_overlong_filter_masks_truncat
 
 def test_preference_pairs_best_against_worst():
     b = learner_batch([1.0, 0.0, 0.3, 0.3], lengths=[2, 2, 2, 2], truncated=[False] * 4)
-    pairs, metrics = PREPARE_BATCH.get("preference")(b, ALGO, normalizer=RewardNormalizer(None))
+    pairs, metrics = OBJECTIVES.get("preference").prepare(b, ALGO, normalizer=RewardNormalizer(None), step=1)
     assert len(pairs) == 1 and metrics["rollout/preference_pairs"] == 1
     assert pairs["chosen/rewards"].tolist() == [1.0] and pairs["rejected/rewards"].tolist() == [0.0]
+
+
+def test_a_step_whose_groups_all_agree_gives_an_empty_preference_batch_the_learner_skips():
+    """Issue 8: one DPO step without pairs used to kill the run; now it is an empty batch."""
+    b = learner_batch([1.0, 1.0, 0.0, 0.0], lengths=[2, 2, 2, 2], truncated=[False] * 4)
+    pairs, metrics = OBJECTIVES.get("preference").prepare(b, ALGO, normalizer=RewardNormalizer(None), step=1)
+    assert len(pairs) == 0 and metrics["rollout/preference_pairs"] == 0

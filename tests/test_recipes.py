@@ -50,8 +50,11 @@ DEFINING = {
                      "kl.estimator": "k1", "gamma": 1.0},
     "reinforce_pp_baseline": {"advantage": "group_mean_batch_std", "policy_loss": "clipped_surrogate",
                               "kl.placement": "loss"},
-    "dpo": {"objective": "preference", "preference.loss": "dpo", "preference.beta": 0.1, "preference.pairs": "policy"},
-    "group_dpo": {"objective": "preference", "preference.loss": "group_dpo", "preference.bt_weighting": True,
+    "dpo": {"objective": "preference", "preference.loss": "dpo", "preference.pairing": "best_worst",
+            "preference.beta": 0.1, "preference.pairs": "policy"},
+    "ipo": {"objective": "preference", "preference.loss": "ipo", "preference.pairing": "best_worst"},
+    "group_dpo": {"objective": "preference", "preference.loss": "dpo", "preference.pairing": "all_pairs",
+                  "preference.bt_weighting": True,
                   "preference.pairs": "policy"},
 }
 
@@ -150,7 +153,8 @@ def test_recipe_two_steps_end_to_end(name, tmp_path, shared_cache, monkeypatch, 
     # Each configured component left its trace in the metrics (so it ran, not just composed).
     expected = {"actor/grad_norm", "reward/mean"}
     if a.objective == "preference":
-        expected |= {"rollout/preference_pairs", "actor/dpo_reward_margin", "actor/dpo_reward_accuracy"}
+        loss = a.preference.loss
+        expected |= {"rollout/preference_pairs", f"actor/{loss}_reward_margin", f"actor/{loss}_reward_accuracy"}
     else:
         expected |= {"actor/pg_loss", "actor/entropy", "actor/ratio_mean", "actor/advantage_abs_mean"}
     if a.critic.enabled:

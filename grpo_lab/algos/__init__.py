@@ -6,6 +6,8 @@ One registry per concept; dispatch by name only through them:
     POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg
     KL_ESTIMATORS         k1, k2, k3
     AGGREGATIONS          token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm
+    PREFERENCE_LOSSES     dpo, ipo
+    PAIRINGS              best_worst, all_pairs
 """
 
 from .advantages import (
@@ -29,8 +31,15 @@ from .policy_losses import (
     truncated_is_weights,
     vanilla_pg,
 )
-from .preference import best_worst_pairs, dpo_loss, group_preference_pairs, sequence_logps
-from grpo_lab.registry import Registry, UnknownChoiceError
+from .preference import (
+    PAIRINGS,
+    PREFERENCE_LOSSES,
+    best_worst_pairs,
+    dpo_loss,
+    group_preference_pairs,
+    ipo_loss,
+    sequence_logps,
+)
 from .shaping import (
     best_of_group_mask,
     ema_reward_normalize,
@@ -45,9 +54,9 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "PAIRINGS",
     "POLICY_LOSSES",
-    "Registry",
-    "UnknownChoiceError",
+    "PREFERENCE_LOSSES",
     "aggregate",
     "best_of_group_mask",
     "clipped_surrogate",
@@ -65,6 +74,7 @@ __all__ = [
     "gspo",
     "gspo_token",
     "informative_group_mask",
+    "ipo_loss",
     "kl_k1",
     "kl_k2",
     "kl_k3",

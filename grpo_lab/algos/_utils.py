@@ -66,6 +66,19 @@ def group_range(x: Tensor, inverse: Tensor, num_groups: int) -> tuple[Tensor, Te
     return lo, hi
 
 
+# Rewards of one group "agree" when max - min <= REWARD_ATOL: one definition for the advantage
+# estimators (agreeing groups get advantage exactly 0) and for dynamic sampling / group statistics
+# (agreeing groups carry no signal). Tolerant rather than exact, so continuous rewards whose
+# differences are float noise are not turned into large z-scores.
+REWARD_ATOL = 1e-6
+
+
+def constant_groups(x: Tensor, inverse: Tensor, num_groups: int, atol: float = REWARD_ATOL) -> Tensor:
+    """x [N] -> BoolTensor [G]: True where the group's values agree within ``atol`` (size 1 always agrees)."""
+    lo, hi = group_range(x, inverse, num_groups)
+    return (hi - lo) <= atol
+
+
 def group_mean_std(x: Tensor, inverse: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
     """x [N] -> (per-group mean [G], per-group unbiased std [G]); std is NaN-free: 0 for size 1."""
     g = counts.numel()

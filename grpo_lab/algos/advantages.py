@@ -2,24 +2,28 @@
 
 Every estimator is::
 
-    fn(token_rewards [N, T], response_mask [N, T], group_ids LongTensor [N],
-       values [N, T] | None = None, *, eps=1e-6, gamma=1.0, lam=1.0)
+    fn(token_rewards [N, T], response_mask [N, T], group_ids LongTensor [N], *, <settings it reads>)
       -> (advantages [N, T], returns [N, T])          # both 0 on masked positions
+
+Settings are keyword-only and named as the ``algorithm.*`` config fields (``adv_eps``, ``gamma``,
+``lam``; ``values`` [N, T] from the critic for GAE). The caller passes all of them through
+``ADVANTAGE_ESTIMATORS.call(name, ...)``, which hands each estimator only the ones its signature
+names: a new setting touches the schema, the YAML and the one estimator that reads it.
 
 N = sequences, T = padded completion length. Outcome-reward estimators (group_*, rloo) score a
 sequence by ``r_i = sum_t token_rewards[i, t]`` over real tokens (the learner puts the scalar
 reward on the last real token and any in-reward KL penalty on every token), compute one scalar
 advantage per sequence and broadcast it over the sequence's real tokens; for them returns =
-advantages. Arguments an estimator does not use (values, gamma, lam) are accepted and ignored,
-so the caller never special-cases a name.
+advantages.
 
 Departures from papers / reference code (verl ``core_algos.py``, OpenRLHF):
 
 * ``group_zscore`` (and every group estimator): a group of size 1 gets advantage 0 (its mean is
   its own reward; its std is undefined and treated as 1). verl instead sets mean 0, std 1 for a
   singleton, i.e. A = r; we choose 0 because a lone sample has nothing to be compared with.
-* Groups whose rewards are all equal get advantage exactly 0 in every group estimator (the float
-  mean of equal numbers can differ from them by one ulp; we do not let that leak as noise).
+* Groups whose rewards all agree (``_utils.constant_groups``: max - min <= ``REWARD_ATOL``, the same
+  test dynamic sampling uses) get advantage exactly 0 in every group estimator (the float mean of
+  equal numbers can differ from them by one ulp; we do not let that leak as noise).
 * ``group_mean_batch_std``: the batch std is taken over the N sequence advantages, as the
   REINFORCE++ paper writes it; verl and OpenRLHF whiten over tokens (long sequences weigh more).
   The batch mean of group-centred advantages is 0 by construction, so only the std is applied.
@@ -37,16 +41,18 @@ from torch import Tensor
 
 from ._utils import (
     as_bool_mask,
+    constant_groups,
     group_index,
     group_mean_std,
-    group_range,
     group_sum,
     masked_whiten,
     work_dtype,
 )
 from grpo_lab.registry import Registry
 
-ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+# Facts on each entry: `min_group_size` (a group-relative baseline needs G >= 2, or every advantage is
+# 0 and nothing is learned) and `needs_critic` (GAE reads a value model). validate() reads them.
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator", defaults={"min_group_size": 1, "needs_critic": False})
 
 
 def _prepare(token_rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -80,22 +86,18 @@ def _group_centre(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Te
     inverse, counts = group_index(group_ids)
     g = counts.numel()
     mean, std = group_mean_std(scores, inverse, counts)  # [G], [G]
-    lo, hi = group_range(scores, inverse, g)
-    constant = (lo == hi)[inverse]  # [N]; size-1 groups are constant too
+    constant = constant_groups(scores, inverse, g)[inverse]  # [N]; size-1 groups are constant too
     centred = torch.where(constant, torch.zeros_like(scores), scores - mean[inverse])
     return centred, std[inverse], counts[inverse], constant
 
 
-@ADVANTAGE_ESTIMATORS.register("group_zscore")
+@ADVANTAGE_ESTIMATORS.register("group_zscore", min_group_size=2)
 def group_zscore(
     token_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    values: Tensor | None = None,
     *,
-    eps: float = 1e-6,
-    gamma: float = 1.0,
-    lam: float = 1.0,
+    adv_eps: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """GRPO's group-normalised outcome advantage (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2).
 
@@ -109,19 +111,14 @@ def group_zscore(
     scores, mask = _sequence_scores(token_rewards, response_mask)  # [N]
     centred, std, size, _ = _group_centre(scores, group_ids)
     std = torch.where(size > 1, std, torch.ones_like(std))
-    return _broadcast(centred / (std + eps), mask)
+    return _broadcast(centred / (std + adv_eps), mask)
 
 
-@ADVANTAGE_ESTIMATORS.register("group_mean")
+@ADVANTAGE_ESTIMATORS.register("group_mean", min_group_size=2)
 def group_mean(
     token_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    values: Tensor | None = None,
-    *,
-    eps: float = 1e-6,
-    gamma: float = 1.0,
-    lam: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Dr.GRPO's advantage: group mean baseline without std division (arXiv 2503.20783, sec. 3.2).
 
@@ -137,16 +134,13 @@ def group_mean(
     return _broadcast(centred, mask)
 
 
-@ADVANTAGE_ESTIMATORS.register("group_mean_batch_std")
+@ADVANTAGE_ESTIMATORS.register("group_mean_batch_std", min_group_size=2)
 def group_mean_batch_std(
     token_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    values: Tensor | None = None,
     *,
-    eps: float = 1e-6,
-    gamma: float = 1.0,
-    lam: float = 1.0,
+    adv_eps: float = 1e-6,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline: group mean baseline, batch std normalisation (arXiv 2501.03262).
 
@@ -163,19 +157,14 @@ def group_mean_batch_std(
         std = centred.std()
     else:
         std = torch.ones((), dtype=centred.dtype, device=centred.device)
-    return _broadcast(centred / (std + eps), mask)
+    return _broadcast(centred / (std + adv_eps), mask)
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
+@ADVANTAGE_ESTIMATORS.register("rloo", min_group_size=2)
 def rloo(
     token_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    values: Tensor | None = None,
-    *,
-    eps: float = 1e-6,
-    gamma: float = 1.0,
-    lam: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE Leave-One-Out (Ahmadian et al., arXiv 2402.14740, eq. 6).
 
@@ -194,8 +183,7 @@ def rloo(
     size = counts[inverse].to(scores.dtype)  # [N]
     total = group_sum(scores, inverse, g)[inverse]  # [N]
     loo_mean = (total - scores) / (size - 1).clamp(min=1)  # mean of the others [N]
-    lo, hi = group_range(scores, inverse, g)
-    constant = (lo == hi)[inverse]  # includes size 1
+    constant = constant_groups(scores, inverse, g)[inverse]  # includes size 1
     adv = torch.where(constant, torch.zeros_like(scores), scores - loo_mean)
     return _broadcast(adv, mask)
 
@@ -217,11 +205,9 @@ def reinforce_pp(
     token_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    values: Tensor | None = None,
     *,
-    eps: float = 1e-6,
+    adv_eps: float = 1e-6,
     gamma: float = 1.0,
-    lam: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted return-to-go, whitened over the batch (arXiv 2501.03262).
 
@@ -235,17 +221,17 @@ def reinforce_pp(
     """
     r, mask = _prepare(token_rewards, response_mask)
     returns = _discounted_returns(r, mask, gamma)  # [N, T]
-    return masked_whiten(returns, mask, eps), returns
+    return masked_whiten(returns, mask, adv_eps), returns
 
 
-@ADVANTAGE_ESTIMATORS.register("gae")
+@ADVANTAGE_ESTIMATORS.register("gae", needs_critic=True)
 def gae(
     token_rewards: Tensor,
     response_mask: Tensor,
     group_ids: Tensor,
-    values: Tensor | None = None,
     *,
-    eps: float = 1e-6,
+    values: Tensor | None = None,
+    adv_eps: float = 1e-6,
     gamma: float = 1.0,
     lam: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
@@ -282,4 +268,4 @@ def gae(
         next_adv = torch.where(m, a_t, next_adv)
         adv[:, t] = torch.where(m, a_t, torch.zeros_like(a_t))
     returns = torch.where(mask, adv + v, torch.zeros_like(adv))
-    return masked_whiten(adv, mask, eps), returns
+    return masked_whiten(adv, mask, adv_eps), returns

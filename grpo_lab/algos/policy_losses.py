@@ -3,9 +3,13 @@
 Every loss is::
 
     fn(logprobs [N, T], old_logprobs [N, T], advantages [N, T], response_mask [N, T], *,
-       clip_low: float, clip_high: float, dual_clip: float | None = None,
-       is_weights: Tensor [N, T] | None = None)
+       <settings it reads, e.g. clip_low, clip_high, dual_clip>, is_weights: Tensor [N, T] | None = None)
       -> (loss_mat [N, T], metrics dict[str, scalar Tensor])
+
+Settings are keyword-only and named as the ``algorithm.*`` config fields; the learner passes all of
+them through ``POLICY_LOSSES.call(name, ...)``, which hands each loss only the ones it names. Each
+loss writes only its own formula: ``@_per_token_loss`` supplies the frame every loss shares (shape
+check, boolean mask, fp32 upcast before; IS weights, masking and the ratio metrics after).
 
 ``logprobs`` carry the gradient; ``old_logprobs`` are the learner's log-probs under the policy
 that sampled the batch (detached). ``loss_mat`` is 0 on masked positions, and masked inputs
@@ -22,11 +26,14 @@ Departures / choices:
 * ``gspo`` / ``gspo_token`` take the advantage per token (the learner broadcasts the sequence
   advantage), so they also run with token-level advantages; with sequence-constant advantages
   and ``seq_mean_token_mean`` aggregation they give the paper's objective exactly.
-* ``vanilla_pg`` accepts and ignores the clip arguments, so all losses share one signature.
+* ``vanilla_pg`` takes no clip settings (it has nothing to clip); its clip metrics are 0.
 * Half-precision (bf16 / fp16) log-probs are upcast to float32 before the ratio is formed.
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 from torch import Tensor
@@ -116,18 +123,34 @@ def _finish(
     return loss, metrics
 
 
+def _per_token_loss(core):
+    """Wrap ``core(logprobs, old_logprobs, advantages, mask, **settings) -> (loss [N, T], log_ratio [N, T],
+    metrics)`` in the frame every policy loss shares. ``core`` receives float32/64 log-probs, advantages
+    in that dtype with masked positions zeroed, and a bool mask; the wrapper checks shapes first and
+    applies ``is_weights``, the mask and the ratio metrics last. The wrapper's signature is the core's
+    plus ``is_weights``, so ``POLICY_LOSSES.call`` passes each loss exactly the settings it names."""
+
+    @functools.wraps(core)
+    def loss_fn(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+                is_weights: Tensor | None = None, **settings) -> tuple[Tensor, dict[str, Tensor]]:
+        _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
+                      response_mask=response_mask, is_weights=is_weights)
+        mask = as_bool_mask(response_mask)
+        logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
+        adv = _clean(advantages.to(logprobs.dtype), mask)
+        loss, log_ratio, metrics = core(logprobs, old_logprobs, adv, mask, **settings)
+        return _finish(loss, mask, is_weights, log_ratio, metrics)
+
+    core_sig = inspect.signature(core)
+    extra = inspect.Parameter("is_weights", inspect.Parameter.KEYWORD_ONLY, default=None)
+    loss_fn.__signature__ = core_sig.replace(parameters=[*core_sig.parameters.values(), extra])
+    return loss_fn
+
+
 @POLICY_LOSSES.register("clipped_surrogate")
-def clipped_surrogate(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+@_per_token_loss
+def clipped_surrogate(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                      clip_low: float, clip_high: float, dual_clip: float | None = None):
     """PPO / GRPO clipped surrogate with asymmetric clip and optional dual clip, per token.
 
         r_t = exp(logp_t - logp_old_t)
@@ -141,20 +164,10 @@ def clipped_surrogate(
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
-    _check_shapes(
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        response_mask=response_mask,
-        is_weights=is_weights,
-    )
-    mask = as_bool_mask(response_mask)
-    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
     log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)  # [N, T]
-    adv = _clean(advantages.to(ratio.dtype), mask)
-    loss, metrics = _clipped_objective(ratio, adv, mask, clip_low, clip_high, dual_clip)
-    return _finish(loss, mask, is_weights, log_ratio, metrics)
+    loss, metrics = _clipped_objective(ratio, advantages, mask, clip_low, clip_high, dual_clip)
+    return loss, log_ratio, metrics
 
 
 def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -165,17 +178,9 @@ def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) ->
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+@_per_token_loss
+def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+         clip_low: float, clip_high: float, dual_clip: float | None = None):
     """GSPO: Group Sequence Policy Optimization, sequence-level ratio (arXiv 2507.18071).
 
         s_i   = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(1/|y_i| sum_t (logp_t - logp_old_t))
@@ -189,35 +194,16 @@ def gspo(
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
-    _check_shapes(
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        response_mask=response_mask,
-        is_weights=is_weights,
-    )
-    mask = as_bool_mask(response_mask)
-    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
     seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask)  # [N]
     log_ratio = _clean(seq_lr[:, None].expand_as(logprobs), mask)  # [N, T]
-    ratio = torch.exp(log_ratio)
-    adv = _clean(advantages.to(ratio.dtype), mask)
-    loss, metrics = _clipped_objective(ratio, adv, mask, clip_low, clip_high, dual_clip)
-    return _finish(loss, mask, is_weights, log_ratio, metrics)
+    loss, metrics = _clipped_objective(torch.exp(log_ratio), advantages, mask, clip_low, clip_high, dual_clip)
+    return loss, log_ratio, metrics
 
 
 @POLICY_LOSSES.register("gspo_token")
-def gspo_token(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+@_per_token_loss
+def gspo_token(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+               clip_low: float, clip_high: float, dual_clip: float | None = None):
     """GSPO-token: sequence-level ratio value, token-level gradient (arXiv 2507.18071).
 
         s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] = exp(logp_t - sg[logp_t] + sg[log s_i])
@@ -231,36 +217,16 @@ def gspo_token(
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
-    _check_shapes(
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        response_mask=response_mask,
-        is_weights=is_weights,
-    )
-    mask = as_bool_mask(response_mask)
-    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
     seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # sg[log s_i] [N]
     token_grad_path = _clean(logprobs - logprobs.detach(), mask)  # value 0, gradient 1 [N, T]
     log_ratio = _clean(token_grad_path + seq_lr[:, None], mask)  # value log s_i [N, T]
-    ratio = torch.exp(log_ratio)
-    adv = _clean(advantages.to(ratio.dtype), mask)
-    loss, metrics = _clipped_objective(ratio, adv, mask, clip_low, clip_high, dual_clip)
-    return _finish(loss, mask, is_weights, log_ratio, metrics)
+    loss, metrics = _clipped_objective(torch.exp(log_ratio), advantages, mask, clip_low, clip_high, dual_clip)
+    return loss, log_ratio, metrics
 
 
 @POLICY_LOSSES.register("vanilla_pg")
-def vanilla_pg(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+@_per_token_loss
+def vanilla_pg(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor):
     """Plain REINFORCE policy gradient for strictly on-policy updates (Williams 1992).
 
         L_t = -A_t logp_t
@@ -268,28 +234,16 @@ def vanilla_pg(
     Only its gradient -A grad logp is meaningful (the value is not a surrogate of anything).
     On-policy with one update per batch (mu = 1) the ratio is exactly 1, and then the clipped
     surrogate has this same gradient: d(-A r)/d theta = -A r grad logp = -A grad logp at r = 1, and
-    no clip is active. Use it only when the batch is on-policy; clip arguments are ignored, and
+    no clip is active. Use it only when the batch is on-policy; it reads no clip settings, and
     the clip metrics are 0. ``ratio_mean`` is still reported, to detect off-policy use.
 
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
-    _check_shapes(
-        logprobs=logprobs,
-        old_logprobs=old_logprobs,
-        advantages=advantages,
-        response_mask=response_mask,
-        is_weights=is_weights,
-    )
-    mask = as_bool_mask(response_mask)
-    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
-    logp = _clean(logprobs, mask)
-    adv = _clean(advantages.to(logp.dtype), mask)
-    loss = -adv * logp
+    loss = -advantages * _clean(logprobs, mask)
     log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    zero = _zero(logp)
-    metrics = {"clip_frac_low": zero.clone(), "clip_frac_high": zero.clone()}
-    return _finish(loss, mask, is_weights, log_ratio, metrics)
+    zero = _zero(loss)
+    return loss, log_ratio, {"clip_frac_low": zero.clone(), "clip_frac_high": zero.clone()}
 
 
 def truncated_is_weights(

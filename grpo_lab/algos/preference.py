@@ -1,9 +1,18 @@
-"""Preference losses: DPO (arXiv 2305.18290) and its group-wise variant ("group_dpo").
+"""Preference math: losses on (chosen, rejected) pairs, and ways to form pairs from scored groups.
 
-group_dpo turns each group of G sampled completions with scalar rewards into every ordered pair
-(better, worse) of that group and applies the DPO loss to the pairs, optionally weighting each
-pair by the Bradley-Terry probability that the better one is preferred, sigma(r_i - r_j). This
-is our composition (pairs from RL-style groups), not a separate paper's algorithm.
+Two registries:
+
+    PREFERENCE_LOSSES  dpo (arXiv 2305.18290), ipo (arXiv 2310.12036)
+        fn(policy_chosen_logps [P], policy_rejected_logps [P], ref_chosen_logps [P],
+           ref_rejected_logps [P], *, beta, weights [P] | None) -> (loss scalar, metrics)
+    PAIRINGS           best_worst, all_pairs
+        fn(rewards [N], group_ids [N], *, <settings it reads, e.g. bt_weighting>)
+           -> (chosen_idx [P], rejected_idx [P], weights [P])
+
+"group DPO" is the composition all_pairs + dpo: every ordered pair (better, worse) of a group of G
+sampled completions, optionally weighted by the Bradley-Terry probability that the better one is
+preferred, sigma(r_i - r_j). It is our composition (pairs from RL-style groups), not a paper's
+algorithm.
 """
 
 from __future__ import annotations
@@ -12,9 +21,42 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._utils import as_bool_mask
+from grpo_lab.registry import Registry
+
+from ._utils import REWARD_ATOL, as_bool_mask
+
+PREFERENCE_LOSSES = Registry("preference loss")
+PAIRINGS = Registry("preference pairing")
 
 
+def _check_pair_logps(*logps: Tensor) -> None:
+    shapes = {tuple(t.shape) for t in logps}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        raise ValueError(f"preference log-probs must all be [P], got shapes {shapes}")
+
+
+def _weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
+    """sum_p w_p L_p / sum_p w_p (plain mean without weights); 0 for P = 0, still on the graph."""
+    w = torch.ones_like(losses) if weights is None else weights.to(losses.dtype)
+    if w.shape != losses.shape:
+        raise ValueError(f"weights must have shape {tuple(losses.shape)}, got {tuple(w.shape)}")
+    return (w * losses).sum() / w.sum().clamp(min=torch.finfo(losses.dtype).tiny)
+
+
+def _implicit_reward_metrics(chosen_reward: Tensor, rejected_reward: Tensor) -> dict[str, Tensor]:
+    """Detached means over pairs of beta-scaled log-ratios: chosen_reward, rejected_reward, reward_margin
+    (chosen - rejected) and reward_accuracy (fraction of pairs with margin > 0); 0 with no pairs."""
+    margin = chosen_reward - rejected_reward
+    p = max(margin.numel(), 1)
+    return {
+        "reward_accuracy": (margin > 0).to(margin.dtype).sum().detach() / p,
+        "reward_margin": margin.sum().detach() / p,
+        "chosen_reward": chosen_reward.sum().detach() / p,
+        "rejected_reward": rejected_reward.sum().detach() / p,
+    }
+
+
+@PREFERENCE_LOSSES.register("dpo")
 def dpo_loss(
     policy_chosen_logps: Tensor,
     policy_rejected_logps: Tensor,
@@ -36,30 +78,43 @@ def dpo_loss(
 
     Shapes: the four log-prob tensors and weights [P] -> (loss scalar, metrics).
     """
-    shapes = {
-        tuple(t.shape)
-        for t in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
-    }
-    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
-        raise ValueError(f"DPO log-probs must all be [P], got shapes {shapes}")
+    _check_pair_logps(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
     chosen_reward = beta * (policy_chosen_logps - ref_chosen_logps)  # [P]
     rejected_reward = beta * (policy_rejected_logps - ref_rejected_logps)  # [P]
-    margin = chosen_reward - rejected_reward  # [P]
-    losses = -F.logsigmoid(margin)  # [P]; logsigmoid is stable for large |margin|
-    w = torch.ones_like(losses) if weights is None else weights.to(losses.dtype)
-    if w.shape != losses.shape:
-        raise ValueError(f"weights must have shape {tuple(losses.shape)}, got {tuple(w.shape)}")
-    loss = (w * losses).sum() / w.sum().clamp(min=torch.finfo(losses.dtype).tiny)
-    p = max(margin.numel(), 1)
-    metrics = {
-        "reward_accuracy": (margin > 0).to(losses.dtype).sum().detach() / p,
-        "reward_margin": margin.sum().detach() / p,
-        "chosen_reward": chosen_reward.sum().detach() / p,
-        "rejected_reward": rejected_reward.sum().detach() / p,
-    }
-    return loss, metrics
+    losses = -F.logsigmoid(chosen_reward - rejected_reward)  # [P]; logsigmoid is stable for large |margin|
+    return _weighted_mean(losses, weights), _implicit_reward_metrics(chosen_reward, rejected_reward)
 
 
+@PREFERENCE_LOSSES.register("ipo")
+def ipo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    *,
+    beta: float,
+    weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Identity Preference Optimisation (Azar et al., arXiv 2310.12036, eq. 17), beta = the paper's tau.
+
+        h = (log pi(y_c) - log ref(y_c)) - (log pi(y_r) - log ref(y_r))
+        L = mean_p (h_p - 1 / (2 beta))^2
+
+    A squared loss that pulls the log-ratio margin to the finite target 1/(2 beta) instead of pushing
+    it to infinity as DPO's logistic loss does, so it does not over-fit deterministic preferences.
+    Sequence log-probs are sums over the completion, as in the paper. Metrics as ``dpo_loss``
+    (beta-scaled log-ratios).
+
+    Shapes: the four log-prob tensors and weights [P] -> (loss scalar, metrics).
+    """
+    _check_pair_logps(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_ratio = policy_chosen_logps - ref_chosen_logps  # [P]
+    rejected_ratio = policy_rejected_logps - ref_rejected_logps  # [P]
+    losses = (chosen_ratio - rejected_ratio - 1.0 / (2.0 * beta)) ** 2  # [P]
+    return _weighted_mean(losses, weights), _implicit_reward_metrics(beta * chosen_ratio, beta * rejected_ratio)
+
+
+@PAIRINGS.register("all_pairs")
 def group_preference_pairs(
     rewards: Tensor,
     group_ids: Tensor,
@@ -99,9 +154,10 @@ def sequence_logps(token_logprobs: Tensor, response_mask: Tensor) -> Tensor:
     ).sum(-1)
 
 
+@PAIRINGS.register("best_worst")
 def best_worst_pairs(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """One (chosen, rejected) pair per group: its highest- and lowest-reward sequence (first index on
-    ties); groups whose rewards all agree give no pair. This is how DPO is run on the policy's own
+    ties); groups whose rewards all agree (within REWARD_ATOL) give no pair. This is how DPO is run on the policy's own
     scored groups (on-policy / "online" DPO); group_preference_pairs uses every ordered pair instead.
 
     Shapes: rewards [N], group_ids [N] -> (chosen_idx [P], rejected_idx [P], weights [P] = 1).
@@ -113,7 +169,7 @@ def best_worst_pairs(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor
         idx = torch.nonzero(group_ids == g).flatten()         # [G] positions of this group
         r = rewards[idx]
         best, worst = idx[torch.argmax(r)], idx[torch.argmin(r)]
-        if r.max() > r.min():
+        if r.max() - r.min() > REWARD_ATOL:  # the estimators' and dynamic sampling's test
             chosen.append(int(best))
             rejected.append(int(worst))
     c = torch.tensor(chosen, dtype=torch.long)

@@ -4,8 +4,8 @@ Pure functions: rewards / lengths / group ids in, tensors (or plain floats for s
 
 Choices the papers leave open:
 
-* ``informative_group_mask`` / ``group_stats`` call rewards "equal" within ``atol`` so continuous
-  rewards work; DAPO's dynamic sampling (sec. 3.2) is stated for exact 0/1 accuracy.
+* ``informative_group_mask`` / ``group_stats`` call rewards "equal" within ``REWARD_ATOL`` (the
+  advantage estimators' own test, ``_utils.constant_groups``) so continuous rewards work; DAPO's dynamic sampling (sec. 3.2) is stated for exact 0/1 accuracy.
 * ``group_stats``'s ``group_reward_std`` uses the unbiased std (as ``group_zscore``) and counts a
   size-1 group as std 0.
 * ``ema_reward_normalize`` is a descriptive trick, not a paper: EMA of the batch mean and the
@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._utils import group_index, group_mean_std, group_range, work_dtype
+from ._utils import constant_groups, group_index, group_mean_std, group_range, work_dtype
 
 
 def soft_overlong_penalty(
@@ -52,39 +52,38 @@ def soft_overlong_penalty(
     return out * penalty
 
 
-def _constant_groups(rewards: Tensor, group_ids: Tensor, atol: float) -> tuple[Tensor, Tensor, Tensor]:
-    """-> (inverse [N], counts [G], group is constant within atol [G])."""
+def _constant_groups(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (inverse [N], counts [G], group's rewards agree [G]) (``_utils.constant_groups``)."""
     if rewards.dim() != 1 or rewards.shape != group_ids.shape:
         raise ValueError(
             f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}"
         )
     r = rewards.to(work_dtype(rewards))
     inverse, counts = group_index(group_ids)
-    lo, hi = group_range(r, inverse, counts.numel())
-    return inverse, counts, (hi - lo) <= atol
+    return inverse, counts, constant_groups(r, inverse, counts.numel())
 
 
-def informative_group_mask(rewards: Tensor, group_ids: Tensor, *, atol: float = 1e-6) -> Tensor:
+def informative_group_mask(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """Sequences whose group's rewards do not all agree (DAPO dynamic sampling, sec. 3.2).
 
     A group where every reward is equal (all right, all wrong) has zero group-relative advantage
     and contributes no gradient, only noise in the batch size; dynamic sampling drops it. Rewards
-    agree when max - min <= atol. A size-1 group always agrees.
+    agree when max - min <= REWARD_ATOL (the estimators' test). A size-1 group always agrees.
 
     Shapes: rewards [N], group_ids [N] -> BoolTensor [N] (True = keep).
     """
-    inverse, _, constant = _constant_groups(rewards, group_ids, atol)
+    inverse, _, constant = _constant_groups(rewards, group_ids)
     return ~constant[inverse]
 
 
-def group_stats(rewards: Tensor, group_ids: Tensor, *, atol: float = 1e-6) -> dict[str, Tensor]:
+def group_stats(rewards: Tensor, group_ids: Tensor) -> dict[str, Tensor]:
     """Group diagnostics: ``zero_adv_group_frac`` (fraction of groups whose rewards all agree
-    within atol) and ``group_reward_std`` (mean over groups of the unbiased within-group std; a
+    within REWARD_ATOL) and ``group_reward_std`` (mean over groups of the unbiased within-group std; a
     size-1 group counts as 0).
 
     Shapes: rewards [N], group_ids [N] -> dict of scalar tensors.
     """
-    inverse, counts, constant = _constant_groups(rewards, group_ids, atol)
+    inverse, counts, constant = _constant_groups(rewards, group_ids)
     r = rewards.to(work_dtype(rewards))
     _, std = group_mean_std(r, inverse, counts)  # [G]; 0 for size 1 (0 / 1)
     return {

@@ -9,19 +9,18 @@ which tensors go into them and when to step the optimizer.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM
 
-from grpo_lab.algos import (KL_ESTIMATORS, POLICY_LOSSES, aggregate, clipped_value_loss, dpo_loss,
-                            entropy_from_logits, logprob_mismatch_metrics, sequence_logps, truncated_is_weights)
-from grpo_lab.registry import Registry
+from grpo_lab.algos import aggregate, clipped_value_loss, logprob_mismatch_metrics, truncated_is_weights
 from grpo_lab.learner.batch import TensorBatch, completion_logits, token_logprobs
+from grpo_lab.objectives import OBJECTIVES
 
 
 def set_cpu_threads(num_threads: int | None) -> int:
@@ -70,11 +69,6 @@ class MetricMean:
         return {prefix + k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
 
 
-# An objective turns one micro-batch into the loss whose gradient is accumulated, given the
-# minibatch-wide normalisers (so micro-batch splitting never changes the gradient).
-OBJECTIVES = Registry("training objective")
-
-
 def micro_batches(batch: TensorBatch, size: int):
     n = len(batch)
     for start in range(0, n, size):
@@ -91,13 +85,15 @@ class Learner:
         self.device = resolve_device(learner_cfg.device)
         self.policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
         self.policy.train()
-        # The reference is only loaded when something reads it (KL > 0, or DPO's implicit reward).
-        self.needs_ref = algo_cfg.kl.coef > 0 or algo_cfg.objective == "preference"
+        # The objective says what it needs: the reference is only loaded when something reads it
+        # (KL > 0, or DPO's implicit reward), the critic only when trained.
+        self.objective = OBJECTIVES.get(algo_cfg.objective)
+        self.needs_ref = self.objective.needs_reference(algo_cfg)
         self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False) if self.needs_ref else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=learner_cfg.lr,
                                            weight_decay=learner_cfg.weight_decay)
         self.critic = self.critic_optimizer = None
-        if algo_cfg.critic.enabled:
+        if self.objective.needs_critic(algo_cfg):
             self.critic = ValueModel(algo_cfg.critic.model_path or model_dir).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=algo_cfg.critic.lr)
         self.generator = torch.Generator().manual_seed(seed)
@@ -116,9 +112,9 @@ class Learner:
         parts = defaultdict(list)
         for micro in micro_batches(batch, size):
             micro = micro.to(self.device)
-            parts["learner_logprobs"].append(self._logprobs(self.policy, micro)[0].cpu())
+            parts["learner_logprobs"].append(self.policy_logprobs(micro)[0].cpu())
             if self.ref is not None:
-                parts["ref_logprobs"].append(self._logprobs(self.ref, micro)[0].cpu())
+                parts["ref_logprobs"].append(self.policy_logprobs(micro, model=self.ref)[0].cpu())
             if self.critic is not None:
                 parts["old_values"].append(self.critic(micro).float().cpu())
         for k, v in parts.items():
@@ -137,20 +133,24 @@ class Learner:
             batch["old_logprobs"] = batch["sampler_logprobs"]
         return metrics
 
-    def _logprobs(self, model, micro: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = completion_logits(model, micro, self.temperature)         # [n, T, V]
+    def policy_logprobs(self, micro: TensorBatch, model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token logprobs [n, T], temperature-scaled logits [n, T, V]) of the completions under the
+        policy (or `model`, e.g. the reference); objectives build their losses on this."""
+        logits = completion_logits(model if model is not None else self.policy, micro, self.temperature)
         return token_logprobs(logits, micro["completion_ids"]), logits
 
     # ------------------------------------------------------------------ updates
-    def update(self, batch: TensorBatch, *, anchor_coef: float = 0.0) -> dict[str, float]:
+    def update(self, batch: TensorBatch) -> dict[str, float]:
         """μ epochs × minibatches of optimizer steps on one rollout batch; returns actor/ and critic/ metrics.
 
-        `batch` must hold what the objective reads: for the policy gradient `loss_mask`,
-        `advantages`, `old_logprobs` (from `score`), plus `returns` for the critic.
+        `batch` must hold what the objective reads (its `prepare` made it): for the policy gradient
+        `loss_mask`, `advantages`, `old_logprobs` (from `score`), plus `returns` for the critic. An
+        empty batch (e.g. no preference pair this step) changes nothing and is reported as such.
         """
-        objective: Callable = OBJECTIVES.get(self.algo.objective)
         actor, critic = MetricMean(), MetricMean()
-        n = len(batch)
+        n, skipped = len(batch), 0
+        if n == 0:
+            return {"actor/empty_batch": 1.0, "actor/lr": self.optimizer.param_groups[0]["lr"]}
         for _epoch in range(self.algo.epochs):
             order = torch.randperm(n, generator=self.generator)
             for mb_idx in order.chunk(self.algo.minibatches):
@@ -159,31 +159,41 @@ class Learner:
                 # Minibatch-wide normalisers: summing micro-batch losses then equals the full-batch loss.
                 norm = dict(num_tokens=mask.sum().clamp(min=1).item(),
                             num_seqs=(mask.sum(-1) > 0).sum().clamp(min=1).item(),
-                            max_len=max(self.max_completion_len, mask.shape[1]))
-                if "pair_weight" in minibatch:
-                    norm["pair_weight_total"] = minibatch["pair_weight"].sum().clamp(min=1e-12).item()
-                if anchor_coef > 0 and "anchor_weight" in minibatch:
-                    anchor_tokens = (minibatch["response_mask"] * minibatch["anchor_weight"][:, None]).sum()
-                    norm["anchor"] = (anchor_coef, anchor_tokens.clamp(min=1).item())
+                            max_len=max(self.max_completion_len, mask.shape[1]),
+                            **self.objective.minibatch_norms(minibatch))
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in micro_batches(minibatch, self.cfg.micro_batch_size):
-                    loss, metrics = objective(self, micro.to(self.device), norm)
+                    loss, metrics = self.objective.loss(self, micro.to(self.device), norm)
                     loss.backward()
                     actor.add(metrics, weight=len(micro))
-                actor.add({"grad_norm": self._clip_and_step(self.policy, self.optimizer)})
+                grad_norm = self._clip_and_step(self.policy, self.optimizer)
+                actor.add({"grad_norm": grad_norm})
+                skipped += not math.isfinite(grad_norm)
                 if self.critic is not None:
                     critic.add(self._critic_step(minibatch))
         self.step += 1
-        return {**actor.result("actor/"), **critic.result("critic/"), "actor/lr": self.optimizer.param_groups[0]["lr"]}
+        return {**actor.result("actor/"), **critic.result("critic/"), "actor/lr": self.optimizer.param_groups[0]["lr"],
+                "actor/nonfinite_updates": float(skipped)}
 
     def _clip_and_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        """Clip and apply the accumulated gradient; a non-finite gradient norm (a NaN/inf loss or reward
+        got through) is not applied at all, so one bad batch cannot destroy the weights or Adam's moments."""
         params = [p for p in model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
         if self.cfg.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
         else:
-            norm = torch.norm(torch.stack([p.grad.norm() for p in params]))
-        optimizer.step()
-        return float(norm)
+            norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
+        if math.isfinite(norm):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def parameters_finite(self) -> bool:
+        """One reduction over every weight: NaN or inf anywhere makes the sum non-finite."""
+        with torch.no_grad():
+            return bool(torch.isfinite(torch.stack([p.float().sum() for p in self.policy.parameters()]).sum()))
 
     def _critic_step(self, minibatch: TensorBatch) -> dict[str, float]:
         """One step of the clipped value loss (PPO), token-mean over the minibatch."""
@@ -210,58 +220,33 @@ class Learner:
         return [(name, p.detach()) for name, p in self.policy.named_parameters()
                 if not (tied and name == "lm_head.weight")]
 
+    def state_dict(self) -> dict:
+        """Everything of the learner that changes over a run, except the policy weights (saved as a model
+        directory beside it): optimizer moments, critic and its optimizer, minibatch generator, step."""
+        state = {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(), "step": self.step}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+        return state
+
+    def load_state(self, policy_dir: str | Path, state: dict) -> None:
+        """Restore a checkpoint: policy weights from `policy_dir` (the reference stays the starting policy)."""
+        from safetensors.torch import load_file
+
+        weights = load_file(str(Path(policy_dir) / "model.safetensors"), device=str(self.device))
+        missing, unexpected = self.policy.load_state_dict(weights, strict=False)
+        tied = getattr(self.policy.config, "tie_word_embeddings", False)
+        if unexpected or [k for k in missing if not (tied and k == "lm_head.weight")]:
+            raise RuntimeError(f"checkpoint {policy_dir} does not match the policy: missing {missing}, "
+                               f"unexpected {unexpected}")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.step = state["step"]
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+
     def save(self, path: str | Path, tokenizer=None) -> None:
         self.policy.save_pretrained(str(path))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(path))
-
-
-@OBJECTIVES.register("policy_gradient")
-def policy_gradient_loss(learner: Learner, micro: TensorBatch, norm: dict) -> tuple[torch.Tensor, dict]:
-    """Policy loss (registered, e.g. clipped surrogate or GSPO) + β·KL (if in the loss) − c·entropy
-    + λ·NLL of the best completion per group (if the supervised anchor is on), aggregated with the
-    configured mode over the minibatch-wide normalisers."""
-    a = learner.algo
-    logp, logits = learner._logprobs(learner.policy, micro)                # [n, T], [n, T, V]
-    mask = micro["loss_mask"]
-    loss_mat, m = POLICY_LOSSES.get(a.policy_loss)(
-        logp, micro["old_logprobs"], micro["advantages"], mask, clip_low=a.clip_low, clip_high=a.clip_high,
-        dual_clip=a.dual_clip, is_weights=micro["is_weights"] if "is_weights" in micro else None)
-    entropy = entropy_from_logits(logits)                                  # [n, T]
-    total = loss_mat
-    metrics = {k: float(v) for k, v in m.items()}
-    if learner.ref is not None and a.kl.coef > 0:
-        kl = KL_ESTIMATORS.get(a.kl.estimator)(logp, micro["ref_logprobs"])  # [n, T]
-        metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
-        if a.kl.placement == "loss":
-            total = total + a.kl.coef * kl
-    if a.entropy_coef > 0:
-        total = total - a.entropy_coef * entropy
-    loss = aggregate(total, mask, a.aggregation, num_tokens=norm["num_tokens"],
-                     num_seqs=norm["num_seqs"], max_len=norm["max_len"])
-    metrics["pg_loss"] = float(aggregate(loss_mat.detach(), mask, a.aggregation)) if mask.any() else 0.0
-    metrics["entropy"] = float((entropy.detach() * micro["response_mask"]).sum()
-                               / micro["response_mask"].sum().clamp(min=1))
-    if "anchor" in norm:
-        # Best-of-group supervised anchor: NLL of each group's best completion, token-mean over them.
-        coef, anchor_tokens = norm["anchor"]
-        anchor_mask = micro["response_mask"] * micro["anchor_weight"][:, None]
-        loss = loss + coef * aggregate(-logp, anchor_mask, "token_mean", num_tokens=anchor_tokens)
-    return loss, metrics
-
-
-@OBJECTIVES.register("preference")
-def preference_loss(learner: Learner, micro: TensorBatch, norm: dict) -> tuple[torch.Tensor, dict]:
-    """DPO (arXiv 2305.18290) on rows that are (chosen, rejected) pairs; the reference logprobs were
-    computed by `score` before pairing. Scaled by this micro-batch's share of the pair weights, so
-    the accumulated gradient equals the full minibatch's weighted mean."""
-    logps = {}
-    for side in ("chosen", "rejected"):
-        rows = micro.view(f"{side}/")
-        logps[side] = sequence_logps(learner._logprobs(learner.policy, rows)[0], rows["response_mask"])
-        logps[f"ref_{side}"] = sequence_logps(rows["ref_logprobs"], rows["response_mask"])
-    pref = learner.algo.preference
-    loss, m = dpo_loss(logps["chosen"], logps["rejected"], logps["ref_chosen"], logps["ref_rejected"],
-                       beta=pref.beta, weights=micro["pair_weight"])
-    share = micro["pair_weight"].sum().item() / norm["pair_weight_total"]
-    return loss * share, {f"dpo_{k}": float(v) for k, v in m.items()}

@@ -45,22 +45,40 @@ def run_tags(cfg: DictConfig, overrides: list[str], swept_keys: list[str]) -> li
     return list(dict.fromkeys(t[:64] for t in tags))
 
 
+def recorded_lines(run_dir: Path) -> int:
+    """How many metric lines a run directory already holds (0 when none)."""
+    f = Path(run_dir) / "metrics.jsonl"
+    return sum(1 for line in f.read_text().splitlines() if line.strip()) if f.is_file() else 0
+
+
 class RunRecorder:
+    """`resume`: the recorder state saved in a checkpoint (`state_dict()`); metrics.jsonl is cut back to
+    the lines written up to that checkpoint, so a resumed run never duplicates a step, and wandb
+    continues the same run id."""
+
     def __init__(self, run_dir: Path, cfg: DictConfig, *, overrides: list[str], sweep: str | None,
-                 swept_keys: list[str]):
+                 swept_keys: list[str], resume: dict | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.cfg, self.overrides, self.start = cfg, overrides, time.time()
+        self.cfg, self.overrides = cfg, overrides
+        self.start = time.time() - (resume["elapsed"] if resume else 0.0)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self.metrics_file = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
-        self.initial: dict = {}
+        metrics_path = self.run_dir / "metrics.jsonl"
+        self.lines = 0
+        if resume:
+            kept = [line for line in metrics_path.read_text().splitlines() if line.strip()][:resume["metrics_lines"]]
+            metrics_path.write_text("".join(line + "\n" for line in kept))
+            self.lines = len(kept)
+        self.metrics_file = open(metrics_path, "a", buffering=1)
+        self.initial: dict = dict(resume["initial"]) if resume else {}
         self.last: dict = {}
-        self.step = self.samples = 0
+        self.step, self.samples = (resume["step"], resume["samples"]) if resume else (0, 0)
         self.wandb = None
         if cfg.logger.backend == "wandb":
             import wandb
 
             self.wandb = wandb.init(
+                id=resume.get("wandb_id") if resume else None, resume="allow" if resume else None,
                 project=cfg.logger.project, entity=cfg.logger.entity, name=cfg.run_name,
                 group=cfg.logger.group or sweep or f"{cfg.task.name}-{cfg.algorithm.name}",
                 job_type=cfg.algorithm.name, tags=run_tags(cfg, overrides, swept_keys),
@@ -74,6 +92,7 @@ class RunRecorder:
         record = {"step": step, "samples": samples, "wall_time_s": round(time.time() - self.start, 3)}
         record.update({k: (float(v) if _finite(v) else None) for k, v in metrics.items()})
         self.metrics_file.write(json.dumps(record) + "\n")
+        self.lines += 1
         for k, v in metrics.items():
             if k.startswith("eval/") and k not in self.initial:
                 self.initial[k] = v
@@ -81,16 +100,16 @@ class RunRecorder:
         if self.wandb is not None:
             self.wandb.log({**metrics, "samples": samples}, step=step)
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs to continue this record exactly (saved in each checkpoint)."""
+        return {"metrics_lines": self.lines, "initial": dict(self.initial), "elapsed": time.time() - self.start,
+                "step": self.step, "samples": self.samples,
+                "wandb_id": self.wandb.id if self.wandb is not None else None}
+
     def finish(self, *, status: str, error: BaseException | None = None, extra: dict | None = None) -> dict:
-        summary = {
-            "status": status,
-            "error": None if error is None else f"{type(error).__name__}: {error}",
-            "traceback": None if error is None else "".join(traceback.format_exception(error))[-4000:],
-            "run_name": self.cfg.run_name, "overrides": self.overrides,
-            "initial": self.initial, "final": {k: v for k, v in self.last.items() if _finite(v)},
-            "steps": self.step, "samples": self.samples, "wall_time_s": round(time.time() - self.start, 2),
-            **(extra or {}),
-        }
+        summary = _summary(status, error, self.cfg, self.overrides, initial=self.initial,
+                           final={k: v for k, v in self.last.items() if _finite(v)}, steps=self.step,
+                           samples=self.samples, wall_time_s=round(time.time() - self.start, 2), **(extra or {}))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.metrics_file.close()
         if self.wandb is not None:
@@ -99,3 +118,21 @@ class RunRecorder:
             self.wandb.summary["status"] = status
             self.wandb.finish(exit_code=0 if status == "completed" else 1)
         return summary
+
+
+def _summary(status: str, error: BaseException | None, cfg: DictConfig, overrides: list[str], **fields) -> dict:
+    """summary.json's record: status, error (message and traceback), run name, overrides, then `fields`."""
+    return {"status": status,
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "traceback": None if error is None else "".join(traceback.format_exception(error))[-4000:],
+            "run_name": cfg.run_name, "overrides": overrides, **fields}
+
+
+def record_failure(run_dir: Path, cfg: DictConfig, *, overrides: list[str], error: BaseException) -> None:
+    """config.yaml + summary.json (status "failed") for a run that failed before it started (e.g. its
+    config did not validate), so a sweep's report counts it instead of missing it."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    summary = _summary("failed", error, cfg, overrides, initial={}, final={}, steps=0, samples=0, wall_time_s=0.0)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -26,7 +26,8 @@ from .model_dir import TOKENIZER_FILES, WEIGHT_FILES, BUILD_SPEC_FILE, is_comple
 from .smollm2 import smollm2_135m
 from .tiny_llama import build_tiny_llama
 
-MODEL_BUILDERS = Registry("model")
+# Fact: `needs_path` (the builder reads an existing directory from model.path).
+MODEL_BUILDERS = Registry("model", defaults={"needs_path": False})
 
 def _check_spec(out_dir: Path, spec: dict[str, Any]) -> None:
     """Raise if ``out_dir`` was built by us with different arguments."""
@@ -81,7 +82,7 @@ def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **
     return smollm2_135m(out_dir)
 
 
-@MODEL_BUILDERS.register("pretrained")
+@MODEL_BUILDERS.register("pretrained", needs_path=True)
 def pretrained(out_dir: Path, *, alphabet: str = "", seed: int = 0, path: str | os.PathLike | None = None,
                **model_kwargs: Any) -> Path:
     """An existing local HF model directory ``path``, returned as is (nothing is copied to ``out_dir``).

@@ -7,10 +7,11 @@ from pathlib import Path
 from grpo_lab.registry import Registry
 from grpo_lab.rollout.base import Rollout, RolloutEngine
 
-ROLLOUT_ENGINES = Registry("rollout engine")
+# Fact: `requires_module` (a module that must be importable, checked before anything loads; None = none).
+ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None})
 
 
-@ROLLOUT_ENGINES.register("vllm")
+@ROLLOUT_ENGINES.register("vllm", requires_module="vllm")
 def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
     from grpo_lab.rollout.vllm_engine import VLLMEngine  # imports vllm only when chosen
     return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,

@@ -1,0 +1,54 @@
+"""The contract every training objective fulfils, and the registry that holds them."""
+
+from __future__ import annotations
+
+from grpo_lab.registry import Registry
+
+# name -> Objective instance (algorithm.objective).
+OBJECTIVES = Registry("training objective")
+
+
+class Objective:
+    """Defaults shared by the objectives; each subclass overrides what makes it what it is.
+
+    Every method receives plain config sections (``algo`` = ``cfg.algorithm``) and tensors; none
+    keeps state, so one registered instance serves every run.
+    """
+
+    def needs_reference(self, algo) -> bool:
+        """Whether the learner must hold a frozen copy of the starting policy (loaded only then)."""
+        return algo.kl.coef > 0
+
+    def needs_critic(self, algo) -> bool:
+        """Whether the learner must train a value model."""
+        return bool(algo.critic.enabled)
+
+    def min_group_size(self, algo) -> int:
+        """Fewest samples per prompt with which this objective can learn anything."""
+        return 1
+
+    def check(self, cfg, errors: list[str]) -> None:
+        """Append a message (naming the key and what to change) for every setting that cannot work."""
+
+    def make_sampler(self, cfg, engine, tokenizer, train_items: list):
+        """Where a step's sequences come from: by default the engine's groups of G samples per prompt."""
+        from grpo_lab.phases import GroupSampler, PromptStream
+
+        return GroupSampler(engine, tokenizer, PromptStream(train_items, cfg.seed), cfg, seed=cfg.seed)
+
+    def prepare(self, batch, algo, *, normalizer, step: int):
+        """Scored ``TensorBatch`` -> (the batch this objective trains on, metrics)."""
+        raise NotImplementedError
+
+    def minibatch_norms(self, minibatch) -> dict:
+        """Minibatch-wide normalisers beyond the learner's own (num_tokens, num_seqs, max_len), so that
+        summing micro-batch losses gives exactly the full minibatch's loss."""
+        return {}
+
+    def loss(self, learner, micro, norm: dict):
+        """(loss whose gradient is accumulated, metrics) for one micro-batch."""
+        raise NotImplementedError
+
+    def run_name_knobs(self, algo) -> str:
+        """The settings a run name shows after algorithm and G, e.g. "clip0.2_kl0"."""
+        raise NotImplementedError

@@ -1,0 +1,161 @@
+"""The policy-gradient objective: GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++ and PPO are all this
+objective with different registered parts (ARCHITECTURE.md: "an algorithm is a composition").
+
+    batch:  r_i on the last real token of i; with algorithm.kl.placement=reward, r_t -= β KL_t
+            (PPO, REINFORCE++); then the registered advantage estimator -> A [N, T]
+    loss:   registered policy loss (clip, GSPO ratio, ...) + β KL_t (placement=loss, GRPO)
+            − c · entropy_t, aggregated by the registered mode; + λ NLL of each group's best
+            sample when the best-of-group anchor is on.
+
+Both KL placements live here, so one file says where the KL term goes. Settings reach the pure
+functions through their registries' ``call`` (each function takes only the ``algorithm.*`` fields it
+names).
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+
+from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate,
+                            best_of_group_mask, entropy_from_logits, linear_warmup)
+from grpo_lab.objectives.base import OBJECTIVES, Objective
+
+# Where the KL(π || π_ref) penalty acts (algorithm.kl.placement).
+KL_PLACEMENTS = ("loss", "reward")
+
+
+def _settings(algo) -> dict:
+    """The algorithm section as plain keyword arguments for ``Registry.call``."""
+    return OmegaConf.to_container(algo, resolve=True) if OmegaConf.is_config(algo) else dict(vars(algo))
+
+
+def _registered(registry, name: str, key: str, errors: list[str]) -> bool:
+    if name in registry:
+        return True
+    errors.append(f"{key}={name!r} is not registered; valid choices: {', '.join(sorted(registry.names()))}")
+    return False
+
+
+class PolicyGradient(Objective):
+    def min_group_size(self, algo) -> int:
+        if algo.advantage not in ADVANTAGE_ESTIMATORS:
+            return 1
+        return ADVANTAGE_ESTIMATORS.fact(algo.advantage, "min_group_size")
+
+    def check(self, cfg, errors: list[str]) -> None:
+        a = cfg.algorithm
+        if _registered(ADVANTAGE_ESTIMATORS, a.advantage, "algorithm.advantage", errors):
+            if ADVANTAGE_ESTIMATORS.fact(a.advantage, "needs_critic") and not a.critic.enabled:
+                errors.append(f"algorithm.advantage={a.advantage} needs a value model: set "
+                              "algorithm.critic.enabled=true (or use algorithm=ppo)")
+            need = self.min_group_size(a)
+            sizes = [cfg.rollout.group_size, *(cfg.rollout.group_size_schedule or {}).values()]
+            if min(sizes) < need:
+                alone = [n for n in ADVANTAGE_ESTIMATORS
+                         if ADVANTAGE_ESTIMATORS.fact(n, "min_group_size") <= min(sizes)
+                         and not ADVANTAGE_ESTIMATORS.fact(n, "needs_critic")]
+                errors.append(
+                    f"rollout.group_size={min(sizes)} gives every group fewer than {need} samples, so "
+                    f"algorithm.advantage={a.advantage} is 0 for all of them and nothing is learned; raise "
+                    f"rollout.group_size to >= {need} or set "
+                    + " or ".join(f"algorithm.advantage={n}" for n in alone) + " (batch-level baseline)")
+        _registered(POLICY_LOSSES, a.policy_loss, "algorithm.policy_loss", errors)
+        _registered(AGGREGATIONS, a.aggregation, "algorithm.aggregation", errors)
+        _registered(KL_ESTIMATORS, a.kl.estimator, "algorithm.kl.estimator", errors)
+        if a.kl.placement not in KL_PLACEMENTS:
+            errors.append(f"algorithm.kl.placement={a.kl.placement!r}; valid choices: {', '.join(KL_PLACEMENTS)}")
+        for key in ("clip_low", "clip_high"):
+            if not 0.0 < a[key] < 1.0:
+                errors.append(f"algorithm.{key}={a[key]} must lie in (0, 1): the ratio is clipped to "
+                              "[1 − clip_low, 1 + clip_high] (e.g. 0.2; DAPO uses clip_high=0.28)")
+        if a.dual_clip is not None and not a.dual_clip > 1.0:
+            errors.append(f"algorithm.dual_clip={a.dual_clip} must be > 1 (the paper uses 3) or null")
+        if a.tis_cap is not None and not a.tis_cap >= 1.0:
+            errors.append(f"algorithm.tis_cap={a.tis_cap} must be >= 1 (typical 2) or null")
+        if a.entropy_coef < 0:
+            errors.append(f"algorithm.entropy_coef={a.entropy_coef} must be >= 0 (a bonus; 0 = off)")
+        if a.sft_anchor_coef < 0 or a.sft_anchor_warmup < 0:
+            errors.append("algorithm.sft_anchor_coef and algorithm.sft_anchor_warmup must be >= 0 (0 = off)")
+
+    # ------------------------------------------------------------------ batch
+    def prepare(self, batch, algo, *, normalizer, step: int):
+        """Token rewards -> registered advantage estimator; sets advantages, returns, loss_mask (and
+        the best-of-group anchor's weights)."""
+        mask = batch["response_mask"]
+        rewards = normalizer(batch["rewards"])
+        # The scalar outcome reward sits on the last real token (outcome-reward convention of verl/OpenRLHF).
+        last = (mask.sum(-1).long() - 1).clamp(min=0)                        # [N]
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[torch.arange(len(batch)), last] = rewards * (mask.sum(-1) > 0)
+        metrics = {}
+        if algo.kl.coef > 0 and algo.kl.placement == "reward":
+            # KL inside the reward (PPO / REINFORCE++): r_t -= β · KL_t(π_old || π_ref).
+            kl = KL_ESTIMATORS.get(algo.kl.estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
+            token_rewards = token_rewards - algo.kl.coef * kl
+            metrics["reward/kl_penalty"] = float(kl.sum() / mask.sum().clamp(min=1))
+        values = batch["old_values"] if "old_values" in batch else None
+        advantages, returns = ADVANTAGE_ESTIMATORS.call(algo.advantage, token_rewards, mask, batch["group_ids"],
+                                                        values=values, **_settings(algo))
+        batch["advantages"], batch["returns"] = advantages, returns
+        loss_mask = mask.clone()
+        if algo.overlong.filter:
+            # DAPO overlong filtering: truncated samples carry no reward signal about the answer.
+            loss_mask = loss_mask * (~batch["truncated"]).float()[:, None]
+        batch["loss_mask"] = loss_mask
+        anchor = linear_warmup(step, algo.sft_anchor_warmup, algo.sft_anchor_coef)
+        if anchor > 0:
+            batch["anchor_weight"] = best_of_group_mask(batch["rewards"], batch["group_ids"]).float()
+            batch.extras["anchor_coef"] = anchor
+        real = mask.sum(-1) > 0
+        metrics["actor/advantage_abs_mean"] = float(advantages.abs().sum() / mask.sum().clamp(min=1))
+        metrics["rollout/overlong_filtered_frac"] = float(1.0 - loss_mask.sum() / mask.sum().clamp(min=1))
+        metrics["reward/mean_used"] = float(rewards[real].mean()) if real.any() else 0.0
+        return batch, metrics
+
+    def minibatch_norms(self, minibatch) -> dict:
+        if "anchor_weight" not in minibatch:
+            return {}
+        anchor_tokens = (minibatch["response_mask"] * minibatch["anchor_weight"][:, None]).sum()
+        return {"anchor": (minibatch.extras["anchor_coef"], anchor_tokens.clamp(min=1).item())}
+
+    # ------------------------------------------------------------------ loss
+    def loss(self, learner, micro, norm: dict):
+        """Policy loss (registered) + β·KL (if in the loss) − c·entropy + λ·NLL of the best completion per
+        group (if the supervised anchor is on), aggregated with the configured mode over the
+        minibatch-wide normalisers."""
+        a = learner.algo
+        logp, logits = learner.policy_logprobs(micro)                        # [n, T], [n, T, V]
+        mask = micro["loss_mask"]
+        is_weights = micro["is_weights"] if "is_weights" in micro else None
+        loss_mat, m = POLICY_LOSSES.call(a.policy_loss, logp, micro["old_logprobs"], micro["advantages"], mask,
+                                         is_weights=is_weights, **_settings(a))
+        entropy = entropy_from_logits(logits)                                  # [n, T]
+        total = loss_mat
+        metrics = {k: float(v) for k, v in m.items()}
+        if learner.ref is not None and a.kl.coef > 0:
+            kl = KL_ESTIMATORS.get(a.kl.estimator)(logp, micro["ref_logprobs"])  # [n, T]
+            metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+            if a.kl.placement == "loss":
+                total = total + a.kl.coef * kl
+        if a.entropy_coef > 0:
+            total = total - a.entropy_coef * entropy
+        loss = aggregate(total, mask, a.aggregation, num_tokens=norm["num_tokens"],
+                         num_seqs=norm["num_seqs"], max_len=norm["max_len"])
+        metrics["pg_loss"] = float(aggregate(loss_mat.detach(), mask, a.aggregation)) if mask.any() else 0.0
+        metrics["entropy"] = float((entropy.detach() * micro["response_mask"]).sum()
+                                   / micro["response_mask"].sum().clamp(min=1))
+        if "anchor" in norm:
+            # Best-of-group supervised anchor: NLL of each group's best completion, token-mean over them.
+            coef, anchor_tokens = norm["anchor"]
+            anchor_mask = micro["response_mask"] * micro["anchor_weight"][:, None]
+            loss = loss + coef * aggregate(-logp, anchor_mask, "token_mean", num_tokens=anchor_tokens)
+        return loss, metrics
+
+    def run_name_knobs(self, algo) -> str:
+        clip = f"{algo.clip_low:g}" if algo.clip_low == algo.clip_high else f"{algo.clip_low:g}-{algo.clip_high:g}"
+        kl = f"{algo.kl.coef:g}{'' if algo.kl.coef == 0 else algo.kl.estimator}"
+        return f"clip{clip}_kl{kl}"
+
+
+OBJECTIVES.register("policy_gradient")(PolicyGradient())

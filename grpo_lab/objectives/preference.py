@@ -1,0 +1,146 @@
+"""The preference objective: a registered preference loss (DPO, arXiv 2305.18290; IPO, arXiv
+2310.12036) on (chosen, rejected) pairs, formed by a registered pairing from the policy's own
+scored groups (best vs worst, or every ordered pair = "group DPO") or read from a local JSONL file
+(offline DPO, as in the paper).
+
+    algorithm.preference.loss     dpo | ipo                 (algos.PREFERENCE_LOSSES)
+    algorithm.preference.pairing  best_worst | all_pairs    (algos.PAIRINGS)
+    algorithm.preference.pairs    policy | <path.jsonl>     (where pairs come from)
+
+The reference π_ref is the starting policy, frozen; DPO's β is the KL strength, so
+algorithm.kl.coef is not read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from grpo_lab.algos import PAIRINGS, PREFERENCE_LOSSES, sequence_logps
+from grpo_lab.learner.batch import encode_prompt, encode_target, pair_batch
+from grpo_lab.objectives.base import OBJECTIVES, Objective
+from grpo_lab.objectives.policy_gradient import _registered, _settings
+from grpo_lab.phases import GroupSampler, PromptStream, ScoredRollout
+from grpo_lab.rollout import Rollout
+
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+
+
+def read_pairs_file(path: str) -> list[dict]:
+    """Rows of a JSONL file of preference pairs; every problem is an error naming the file (and line)."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"algorithm.preference.pairs={path!r} is not a file; give a JSONL file with "
+                                "prompt/chosen/rejected fields, or pairs=policy to pair the policy's own samples")
+    rows = []
+    for n, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg}); algorithm.preference.pairs needs one "
+                             "JSON object per line") from None
+        missing = [k for k in PAIR_FIELDS if not isinstance(row, dict) or not isinstance(row.get(k), str)]
+        if missing:
+            raise ValueError(f"{path}:{n}: missing or non-string field(s) {missing}; every line of "
+                             "algorithm.preference.pairs needs string prompt, chosen and rejected fields")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"algorithm.preference.pairs={path!r} holds no pairs; give a JSONL file with one "
+                         "{\"prompt\", \"chosen\", \"rejected\"} object per line")
+    return rows
+
+
+class PairFileSampler(GroupSampler):
+    """Offline preference pairs from a local JSONL file ({"prompt", "chosen", "rejected"} per line):
+    each pair becomes a group of two sequences with rewards 1 (chosen) and 0 (rejected), so the same
+    preparation and learner serve offline DPO and DPO on the policy's own groups."""
+
+    def __init__(self, path: str, tokenizer, *, seed: int):
+        rows = read_pairs_file(path)
+        self.pairs = [(encode_prompt(tokenizer, r["prompt"]), encode_target(tokenizer, r["chosen"]),
+                       encode_target(tokenizer, r["rejected"]), r) for r in rows]
+        self.stream = PromptStream(list(range(len(self.pairs))), seed)
+        self.tokenizer = tokenizer
+        self.reset(group_size=2)
+
+    def __call__(self, k: int) -> ScoredRollout:
+        t0 = time.time()
+        out, items = Rollout([], [], [], [], [], [], meta={"offline": True}), []
+        for g, i in enumerate(self.stream.take(k)):
+            prompt, chosen, rejected, row = self.pairs[i]
+            for ids, text in ((chosen, row["chosen"]), (rejected, row["rejected"])):
+                out.prompt_ids.append(prompt)
+                out.completion_ids.append(ids)
+                out.sampler_logprobs.append([0.0] * len(ids))    # not sampled: no sampler logprobs
+                out.texts.append(text)
+                out.group_ids.append(g)
+                out.truncated.append(False)
+                items.append(row)
+        self.timings["rollout"] += time.time() - t0
+        n = len(out)
+        return ScoredRollout(out, items, torch.tensor([1.0, 0.0] * (n // 2)), torch.tensor([1.0, 0.0] * (n // 2)))
+
+
+class Preference(Objective):
+    def needs_reference(self, algo) -> bool:
+        return True  # the implicit reward is β log(π / π_ref)
+
+    def min_group_size(self, algo) -> int:
+        return 2 if algo.preference.pairs == "policy" else 1
+
+    def check(self, cfg, errors: list[str]) -> None:
+        pref = cfg.algorithm.preference
+        _registered(PREFERENCE_LOSSES, pref.loss, "algorithm.preference.loss", errors)
+        _registered(PAIRINGS, pref.pairing, "algorithm.preference.pairing", errors)
+        if not pref.beta > 0:
+            errors.append(f"algorithm.preference.beta={pref.beta} must be > 0 (DPO uses 0.1)")
+        if pref.pairs == "policy":
+            if cfg.rollout.group_size < 2:
+                errors.append(f"rollout.group_size={cfg.rollout.group_size}: preference pairs from the policy's "
+                              "own groups need at least 2 samples per prompt; raise rollout.group_size")
+        elif not Path(pref.pairs).is_file():
+            errors.append(f"algorithm.preference.pairs={pref.pairs!r} is not a file; give a local JSONL file "
+                          "with prompt/chosen/rejected fields, or pairs=policy to pair the policy's own samples")
+
+    def make_sampler(self, cfg, engine, tokenizer, train_items: list):
+        if cfg.algorithm.preference.pairs != "policy":
+            return PairFileSampler(cfg.algorithm.preference.pairs, tokenizer, seed=cfg.seed)
+        return super().make_sampler(cfg, engine, tokenizer, train_items)
+
+    def prepare(self, batch, algo, *, normalizer, step: int):
+        """(chosen, rejected) pairs from each scored group by the registered pairing. A step in which
+        every group's rewards agree has no pair: it yields an empty batch (the learner skips it)."""
+        pref = algo.preference
+        chosen, rejected, weights = PAIRINGS.call(pref.pairing, batch["rewards"], batch["group_ids"],
+                                                  **_settings(pref))
+        return pair_batch(batch, chosen, rejected, weights), {"rollout/preference_pairs": float(len(chosen))}
+
+    def minibatch_norms(self, minibatch) -> dict:
+        return {"pair_weight_total": minibatch["pair_weight"].sum().clamp(min=1e-12).item()}
+
+    def loss(self, learner, micro, norm: dict):
+        """Registered preference loss on rows that are (chosen, rejected) pairs; the reference logprobs
+        were computed by ``Learner.score`` before pairing. Scaled by this micro-batch's share of the
+        pair weights, so the accumulated gradient equals the full minibatch's weighted mean."""
+        logps = {}
+        for side in ("chosen", "rejected"):
+            rows = micro.view(f"{side}/")
+            logps[side] = sequence_logps(learner.policy_logprobs(rows)[0], rows["response_mask"])
+            logps[f"ref_{side}"] = sequence_logps(rows["ref_logprobs"], rows["response_mask"])
+        pref = learner.algo.preference
+        loss, m = PREFERENCE_LOSSES.call(pref.loss, logps["chosen"], logps["rejected"], logps["ref_chosen"],
+                                         logps["ref_rejected"], weights=micro["pair_weight"], **_settings(pref))
+        share = micro["pair_weight"].sum().item() / norm["pair_weight_total"]
+        return loss * share, {f"{pref.loss}_{k}": float(v) for k, v in m.items()}
+
+    def run_name_knobs(self, algo) -> str:
+        # Preference losses have no ratio to clip; β is the KL strength that matters.
+        return f"beta{algo.preference.beta:g}"
+
+
+OBJECTIVES.register("preference")(Preference())

@@ -1,0 +1,100 @@
+"""Runs that survive: `kill -9` a run after a checkpoint, resume it, and its metrics.jsonl equals an
+uninterrupted run's line for line (every metric except wall-clock timings); a finished run's
+directory is never appended to; a run that fails validation still leaves a record."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, TINY_RUN, read_metrics, run_train
+
+RUN = [*TINY_RUN, "rollout=hf", "trainer.total_steps=6", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2",
+       "trainer.eval_every=3"]
+# Wall-clock measurements differ between any two runs; everything else must match exactly.
+TIMING = ("wall_time_s", "perf/")
+
+
+def comparable(lines: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in lines]
+
+
+def train_cmd(overrides: list[str], run_dir: Path, cache: Path) -> list[str]:
+    return [sys.executable, "-m", "grpo_lab.train", *overrides, f"hydra.run.dir={run_dir}", f"cache_dir={cache}"]
+
+
+def kill_after_step(overrides: list[str], run_dir: Path, cache: Path, step: int, timeout: float = 300) -> None:
+    """Start a run and SIGKILL it (no cleanup at all) once metrics.jsonl has a line for `step`."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(train_cmd(overrides, run_dir, cache), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            f = run_dir / "metrics.jsonl"
+            if f.is_file() and any(json.loads(s)["step"] >= step for s in f.read_text().splitlines() if s.strip()):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be killed"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, warm_cache):
+    ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
+    proc = run_train(RUN, ref_dir, warm_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    kill_after_step(RUN, run_dir, warm_cache, step=5)       # checkpoints at 2 and 4; step 5 is lost
+    assert not (run_dir / "summary.json").exists()           # SIGKILL: nothing was recorded at exit
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert ckpts == ["step_2", "step_4"]
+
+    proc = run_train([*RUN, "trainer.resume=auto"], run_dir, warm_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["resumed_from"].endswith("step_4")
+
+    resumed, reference = read_metrics(run_dir), read_metrics(ref_dir)
+    assert [m["step"] for m in resumed] == [m["step"] for m in reference] == [0, 1, 2, 3, 4, 5, 6, 6]
+    assert comparable(resumed) == comparable(reference)
+    # keep_checkpoints=2: the oldest was deleted as step 6's was written
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_4", "step_6"]
+
+
+def test_a_finished_run_directory_is_not_appended_to(tmp_path, warm_cache):
+    run_dir = tmp_path / "run"
+    overrides = [*TINY_RUN, "rollout=hf", "trainer.total_steps=1"]
+    assert run_train(overrides, run_dir, warm_cache).returncode == 0
+    before = (run_dir / "metrics.jsonl").read_text(), (run_dir / "summary.json").read_text()
+    proc = run_train(overrides, run_dir, warm_cache)
+    assert proc.returncode != 0 and "already holds a run's metrics.jsonl" in proc.stderr
+    assert "trainer.resume=auto" in proc.stderr
+    assert ((run_dir / "metrics.jsonl").read_text(), (run_dir / "summary.json").read_text()) == before
+
+
+def test_a_run_that_fails_validation_is_recorded_as_failed(tmp_path):
+    """A sweep job with a bad value must show up as failed in the report, not be missing from it."""
+    from grpo_lab.report.runs import load_runs
+
+    run_dir = tmp_path / "run"
+    proc = run_train(["logger=none", "algorithm.clip_low=1.5"], run_dir, tmp_path / "cache", timeout=120)
+    assert proc.returncode != 0 and "algorithm.clip_low=1.5 must lie in (0, 1)" in proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "clip_low" in summary["error"]
+    assert [r.status for r in load_runs(run_dir)] == ["failed"]
+    assert not (tmp_path / "cache").exists()                 # failed before any model was built
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_config_values_are_rejected(tmp_path, value):
+    proc = run_train(["logger=none", f"learner.lr={value}"], tmp_path / "run", tmp_path / "cache", timeout=120)
+    assert proc.returncode != 0 and "learner.lr=" in proc.stderr and "is not a finite number" in proc.stderr
