@@ -227,15 +227,4 @@ def rollout_metrics(scored: ScoredRollout) -> dict:
     }
 
 
-def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int) -> dict:
-    """Greedy accuracy on held-out items, and the mean completion length of right and wrong answers."""
-    prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
-    out = engine.generate(prompts, n=1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=0,
-                          logprobs=False)
-    correct = [is_correct(t, it) for t, it in zip(out.texts, items)]
-    lengths = [len(c) for c in out.completion_ids]
-    wrong = [n for n, ok in zip(lengths, correct) if not ok]
-    return {"eval/accuracy": sum(correct) / max(len(items), 1),
-            "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
-            "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,
-            "eval/n": float(len(items))}
+from grpo_lab.evaluation import evaluate  # noqa: E402,F401  (one evaluate, re-exported for callers of phases)

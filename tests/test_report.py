@@ -26,6 +26,7 @@ from grpo_lab.report import (
     load_runs,
     mean_ci,
     t_ppf,
+    welch_diff_ci,
 )
 from grpo_lab.report.__main__ import main as cli_main
 from grpo_lab.report.runs import find_run_dirs
@@ -205,6 +206,32 @@ def test_mean_ci_by_hand():
     assert n == 0 and math.isnan(mean) and math.isnan(half)
     # a diverged seed is not hidden
     assert math.isnan(mean_ci([0.5, float("nan")])[0])
+
+
+def test_welch_diff_ci_by_hand():
+    # a = 1, 2, 3: mean 2, s² = (1+0+1)/2 = 1 -> v_a = s²/n = 1/3
+    # b = 3, 4, 5: mean 4, s² = 1              -> v_b = 1/3
+    # diff = 2 - 4 = -2; se = √(1/3 + 1/3) = 0.816497
+    # ν = (2/3)² / ((1/3)²/2 + (1/3)²/2) = (4/9) / (1/9) = 4 (equal variances and sizes: n_a + n_b - 2)
+    # half = t_{0.975,4} · se = 2.776445 · 0.816497 = 2.266958
+    d, half = welch_diff_ci([1, 2, 3], [3, 4, 5])
+    assert d == -2.0 and half == pytest.approx(2.266958, abs=1e-6)
+
+    # Unequal spreads: b = 4, 6, 8: mean 6, s² = (4+0+4)/2 = 4 -> v_b = 4/3
+    # diff = 2 - 6 = -4; se = √(1/3 + 4/3) = √(5/3) = 1.290994
+    # ν = (5/3)² / ((1/3)²/2 + (4/3)²/2) = (25/9) / (17/18) = 50/17 = 2.941176
+    # so t_{0.975,ν} lies between the table values t_{0.975,3} = 3.182446 and t_{0.975,2} = 4.302653
+    d, half = welch_diff_ci([1, 2, 3], [4, 6, 8])
+    assert d == -4.0
+    assert half / math.sqrt(5 / 3) == pytest.approx(t_ppf(0.975, 50 / 17), abs=1e-9)
+    assert 3.182446 < half / math.sqrt(5 / 3) < 4.302653
+
+    # A 90 % interval is narrower: t_{0.95,4} = 2.131847 -> half = 2.131847 · 0.816497 = 1.740646
+    assert welch_diff_ci([1, 2, 3], [3, 4, 5], confidence=0.90)[1] == pytest.approx(1.740646, abs=1e-6)
+    # One value on a side: a difference but no interval; both sides constant: no spread at all.
+    d, half = welch_diff_ci([0.7], [0.5, 0.6])
+    assert d == pytest.approx(0.15) and math.isnan(half)
+    assert welch_diff_ci([0.5, 0.5], [0.4, 0.4]) == (pytest.approx(0.1), 0.0)
 
 
 def test_first_reach():

@@ -19,14 +19,14 @@ import pytest
 import yaml
 from helpers import REPO, TASK, TINY_RUN, WARMUP
 
-sys.path.insert(0, str(REPO / "scripts"))
-import make_table  # noqa: E402
-
-from grpo_lab.report import build_report, load_runs  # noqa: E402
+from grpo_lab.report import build_report, load_runs
+from grpo_lab.tables.plan import make_plan
+from grpo_lab.tables.spec import load_spec
 
 
 def run(cmd: list[str], **env) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **env}
+    # PYTHONPATH: scripts/ import this checkout's grpo_lab even where the venv's editable install is another's.
+    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **env}
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=600)
 
 
@@ -128,8 +128,8 @@ def test_a_failing_job_does_not_stop_the_sweep_and_the_table_shows_it(warm_cache
 
 
 def test_joblib_launcher_is_passed_through(tmp_path):
-    spec = make_table.load_spec("clip")
-    plan = make_table.make_plan(spec, launcher="joblib", jobs=2, runs_root=tmp_path)
+    spec = load_spec("clip")
+    plan = make_plan(spec, launcher="joblib", jobs=2, runs_root=tmp_path)
     assert plan.command[-2:] == ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     assert plan.env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
     # The joblib launcher plugin is installed and composes with the trainer's config.
@@ -156,8 +156,8 @@ def test_joblib_sweep_with_a_failing_job_still_runs_every_job(warm_cache, tmp_pa
 
 def test_overrides_files_record_the_variant(tmp_path):
     """What grouping relies on: Hydra records `+variant=<name>` in each job's overrides."""
-    spec = make_table.load_spec("std_norm")
-    plan = make_table.make_plan(spec, runs_root=tmp_path)
+    spec = load_spec("std_norm")
+    plan = make_plan(spec, runs_root=tmp_path)
     jobs = plan.jobs()
     assert len(jobs) == 9 and jobs[0][:2] == ["+variant=group_std", "seed=0"]
     assert [j[1] for j in jobs[:3]] == ["seed=0", "seed=1", "seed=2"]  # seeds vary fastest

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from helpers import REPO, TASK, WARMUP
 
-sys.path.insert(0, str(REPO / "scripts"))
-import make_table  # noqa: E402
+from grpo_lab.tables.findings import build
+from grpo_lab.tables.launch import unrecorded_jobs
+from grpo_lab.tables.plan import compose_jobs, make_plan, preflight, variant_overrides, variant_yaml, write_variant_files
+from grpo_lab.tables.spec import TableSpecError, load_spec
 
 TABLES = sorted(p.stem for p in (REPO / "conf" / "table").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
@@ -30,7 +32,7 @@ def test_the_issue_tables_exist():
 
 @pytest.mark.parametrize("name", TABLES)
 def test_table_spec_loads_and_cites_its_paper(name):
-    spec = make_table.load_spec(name)
+    spec = load_spec(name)
     assert "arXiv" in spec.paper_finding
     assert spec.seeds == [0, 1, 2] and spec.target is not None
     assert spec.experiment and (REPO / "conf" / "experiment" / f"{spec.experiment}.yaml").is_file()
@@ -39,20 +41,21 @@ def test_table_spec_loads_and_cites_its_paper(name):
 @pytest.mark.parametrize("scale", ["lab", "full"])
 @pytest.mark.parametrize("name", TABLES)
 def test_every_job_of_every_table_composes_and_validates(name, scale, tmp_path):
-    plan = make_table.make_plan(make_table.load_spec(name), scale=scale, runs_root=tmp_path)
-    n = make_table.preflight(plan)  # raises TableSpecError naming each job that does not validate
+    plan = make_plan(load_spec(name), scale=scale, runs_root=tmp_path)
+    n = preflight(plan)  # raises TableSpecError naming each job that does not validate
     if name in EXPECTED_JOBS:
         assert n == EXPECTED_JOBS[name]
-    smoke = make_table.make_plan(make_table.load_spec(name), smoke=True, runs_root=tmp_path / "smoke")
-    assert make_table.preflight(smoke) == n // 3  # one seed
+    smoke = make_plan(load_spec(name), smoke=True, runs_root=tmp_path / "smoke")
+    assert preflight(smoke) == n // 3  # one seed
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_composes_and_validates_without_a_gpu(name):
     from hydra import compose, initialize_config_dir
 
-    import grpo_lab.train  # noqa: F401
-    from grpo_lab.config import finalize, validate
+    from grpo_lab.config import finalize, register_configs, validate
+
+    register_configs()
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = finalize(compose("config", overrides=[f"experiment={name}"]))
@@ -64,10 +67,10 @@ def test_every_experiment_composes_and_validates_without_a_gpu(name):
 
 
 def test_variant_files_beat_the_experiment_at_full_scale(tmp_path):
-    plan = make_table.make_plan(make_table.load_spec("dapo"), scale="full", runs_root=tmp_path)
-    make_table.write_variant_files(plan)
+    plan = make_plan(load_spec("dapo"), scale="full", runs_root=tmp_path)
+    write_variant_files(plan)
     jobs = [j for j in plan.jobs() if "seed=0" in j]
-    cfgs = {job[0].split("=")[1]: cfg for job, cfg in make_table.compose_jobs(plan, jobs)}
+    cfgs = {job[0].split("=")[1]: cfg for job, cfg in compose_jobs(plan, jobs)}
     base, top = cfgs["grpo"].algorithm, cfgs["dynamic_sampling"].algorithm
     assert (base.aggregation, base.clip_high, base.overlong.filter, base.overlong.soft_buffer,
             base.dynamic_sampling.enabled) == ("seq_mean_token_mean", 0.2, False, 0, False)
@@ -78,11 +81,11 @@ def test_variant_files_beat_the_experiment_at_full_scale(tmp_path):
 
 
 def test_group_size_table_holds_the_sample_budget_fixed(tmp_path):
-    plan = make_table.make_plan(make_table.load_spec("group_size"), runs_root=tmp_path)
-    make_table.write_variant_files(plan)
+    plan = make_plan(load_spec("group_size"), runs_root=tmp_path)
+    write_variant_files(plan)
     jobs = [j for j in plan.jobs() if "seed=0" in j]
     per_step = set()
-    for _job, cfg in make_table.compose_jobs(plan, jobs):
+    for _job, cfg in compose_jobs(plan, jobs):
         per_step.add(cfg.rollout.group_size * cfg.trainer.prompts_per_step)
         assert cfg.trainer.total_samples == 38400 and cfg.rollout.engine == "hf"
     assert per_step == {256}
@@ -112,33 +115,83 @@ def write_spec(tmp_path: Path, text: str) -> Path:
      "sft_control.match must name a variant"),
 ])
 def test_bad_table_files_fail_with_a_clear_message(tmp_path, body, message):
-    with pytest.raises(make_table.TableSpecError) as err:
-        make_table.load_spec(write_spec(tmp_path, body))
+    with pytest.raises(TableSpecError) as err:
+        load_spec(write_spec(tmp_path, body))
     assert message in str(err.value)
 
 
+# Schema errors (through the ConfigStore dataclass, grpo_lab/tables/spec.py) name the key and what it must be.
+OK = "title: t\npaper_finding: p\nvariants: [{name: a, overrides: []}]\n"
+
+
+@pytest.mark.parametrize("body, message", [
+    # unknown keys, at the top, in a variant and in sft_control
+    (OK + "seed: [0]\n", "unknown key(s) seed; valid keys: baseline,"),
+    ("title: t\npaper_finding: p\nvariants: [{name: a, overrides: [], overides: []}]\n",
+     "variants[0]: unknown key(s) overides; valid: full_overrides, name, overrides, paper"),
+    (OK + "sft_control: {match: a, evals: 2, wall_time: 30}\n",
+     "sft_control: unknown key(s) wall_time; valid: evals, match, paper, wall_time_s"),
+    # wrong types
+    (OK + "seeds: [0, one]\n", "`seeds[1]`: Value 'one' of type 'str' could not be converted to Integer; "
+                               "`seeds` must be a list of integers, e.g. [0, 1, 2]"),
+    (OK + "target: high\n", "`target` must be an accuracy fraction in [0, 1], e.g. 0.65, got 'high'"),
+    (OK + "cumulative: maybe\n", "`cumulative` must be true or false, got 'maybe'"),
+    ("title: t\npaper_finding: p\nvariants: [{name: a, overrides: rollout=hf}]\n",
+     "`variants[0].overrides` must be a list of override strings, e.g. ['algorithm=dapo'], got 'rollout=hf'"),
+    (OK + "sft_control: {match: a, evals: many}\n", "`sft_control.evals`: Value 'many' of type 'str' could not "
+                                                   "be converted to Integer; `sft_control` must be"),
+    # missing fields
+    ("paper_finding: p\nvariants: [{name: a, overrides: []}]\n", "`title` is required (text)"),
+    ("title: t\npaper_finding: p\nvariants: [{overrides: [rollout=hf]}]\n", "variants[0]: `name` is required"),
+    (OK + "sft_control: {evals: 2}\n", "sft_control.match must name a variant whose runs set the wall-time budget"),
+])
+def test_schema_errors_name_the_key(tmp_path, body, message):
+    with pytest.raises(TableSpecError) as err:
+        load_spec(write_spec(tmp_path, body))
+    assert message in str(err.value), str(err.value)
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
+    with pytest.raises(TableSpecError) as err:
+        load_spec(write_spec(tmp_path, "paper_finding: p\nseeds: oops\nvariants: [{name: a, bogus: 1}]\nx: time\n"))
+    text = str(err.value)
+    for key in ("`title` is required", "`seeds` must be", "variants[0]: unknown key(s) bogus", "`x` must be samples"):
+        assert key in text, text
+
+
+def test_the_table_schema_is_in_the_config_store():
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from grpo_lab.tables.spec import SCHEMA_NAME, register_table_schema
+
+    register_table_schema()
+    node = ConfigStore.instance().load(f"{SCHEMA_NAME}.yaml").node
+    assert node.x == "samples" and node.seeds == [0, 1, 2] and OmegaConf.is_missing(node, "title")
+
+
 def test_a_job_that_does_not_validate_stops_the_table_before_launch(tmp_path):
-    spec = make_table.load_spec(write_spec(tmp_path, """
+    spec = load_spec(write_spec(tmp_path, """
         title: t
         paper_finding: p
         variants:
           - {name: ok, overrides: [rollout.temperature=1.0]}
           - {name: cold, overrides: [rollout.temperature=0.0]}
     """))
-    plan = make_table.make_plan(spec, runs_root=tmp_path / "runs", seeds=[0])
-    with pytest.raises(make_table.TableSpecError) as err:
-        make_table.preflight(plan)
+    plan = make_plan(spec, runs_root=tmp_path / "runs", seeds=[0])
+    with pytest.raises(TableSpecError) as err:
+        preflight(plan)
     assert "1 of 2 jobs" in str(err.value) and "+variant=cold" in str(err.value)
     assert "rollout.temperature=0.0 must be > 0" in str(err.value)
 
 
 def test_cumulative_ladder_and_variant_file(tmp_path):
-    spec = make_table.load_spec("dapo")
-    ladder = dict((v.name, ov) for v, ov in make_table.variant_overrides(spec, "lab"))
+    spec = load_spec("dapo")
+    ladder = dict((v.name, ov) for v, ov in variant_overrides(spec, "lab"))
     assert ladder["grpo"] == ["algorithm.aggregation=seq_mean_token_mean"]
     assert ladder["token_level_loss"][-1] == "algorithm.aggregation=token_mean"
     assert "algorithm.aggregation=seq_mean_token_mean" not in ladder["token_level_loss"]
-    text = make_table.variant_yaml("dapo_row", ["algorithm=dapo", "algorithm.clip_high=0.3"])
+    text = variant_yaml("dapo_row", ["algorithm=dapo", "algorithm.clip_high=0.3"])
     assert text.startswith("# @package _global_")
     assert "override /algorithm: dapo" in text and "clip_high: 0.3" in text and "run_name: dapo_row_s${seed}" in text
 
@@ -158,7 +211,7 @@ def _fake_run(d: Path, variant: str, seed: int, acc: float | None, status: str =
 
 
 def test_findings_report_differences_with_confidence_intervals(tmp_path):
-    spec = make_table.load_spec(write_spec(tmp_path, """
+    spec = load_spec(write_spec(tmp_path, """
         title: findings
         paper_finding: "b beats a (arXiv 0000.00000)"
         paper_metric: "%"
@@ -169,7 +222,7 @@ def test_findings_report_differences_with_confidence_intervals(tmp_path):
         baseline: a
         target: 0.6
     """))
-    plan = make_table.make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    plan = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
     runs = plan.runs_dir
     for i, (acc_a, acc_b, acc_c) in enumerate([(0.60, 0.70, 0.61), (0.62, 0.71, 0.55), (0.61, 0.72, 0.66)]):
         _fake_run(runs / f"a{i}", "a", i, acc_a)
@@ -177,9 +230,9 @@ def test_findings_report_differences_with_confidence_intervals(tmp_path):
         _fake_run(runs / f"c{i}", "c", i, acc_c)
     _fake_run(runs / "c_failed", "c", 3, None, status="failed")
     (runs / "dead" / ".hydra").mkdir(parents=True)  # a job that died before the trainer wrote anything
-    notes = [f"job `{j.relative_to(runs)}` failed before writing" for j in make_table.unrecorded_jobs(runs)]
+    notes = [f"job `{j.relative_to(runs)}` failed before writing" for j in unrecorded_jobs(runs)]
     assert notes == ["job `dead` failed before writing"]
-    result = make_table.build(plan, header_extra={"command": "test"}, launch_notes=notes)
+    result = build(plan, header_extra={"command": "test"}, launch_notes=notes)
     md = result["md"].read_text()
     assert result["findings"]["best"] == "b" and result["findings"]["baseline"] == "a"
     # b: +10 pp over a with a CI that excludes 0; c: CIs overlap; the paper column sits next to ours.
@@ -194,7 +247,9 @@ def smoke_table(name: str, cache: Path, tmp_path: Path) -> subprocess.CompletedP
     return subprocess.run(
         [sys.executable, "scripts/make_table.py", name, "--runs-root", str(tmp_path / "runs"),
          "--tables-root", str(tmp_path / "tables"), "--", f"cache_dir={cache}", *TASK, *WARMUP],
-        cwd=REPO, env={**os.environ, "SMOKE": "1", "WANDB_MODE": "offline"}, capture_output=True, text=True,
+        # PYTHONPATH: the script imports this checkout's grpo_lab even where the venv's editable install is another's.
+        cwd=REPO, env={**os.environ, "SMOKE": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True,
         timeout=900)
 
 
@@ -226,7 +281,7 @@ def test_smoke_every_table(name, warm_cache, tmp_path):
 
 
 def test_rows_grouped_by_config_keys_keep_their_variant_names(tmp_path):
-    spec = make_table.load_spec(write_spec(tmp_path, """
+    spec = load_spec(write_spec(tmp_path, """
         title: by config
         paper_finding: "p (arXiv 0000.00000)"
         variants:
@@ -235,11 +290,11 @@ def test_rows_grouped_by_config_keys_keep_their_variant_names(tmp_path):
         baseline: b
         group_by: [rollout.temperature]
     """))
-    plan = make_table.make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    plan = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
     for i in range(2):
         _fake_run(plan.runs_dir / f"a{i}", "a", i, 0.6 + i / 100)
         _fake_run(plan.runs_dir / f"b{i}", "b", i, 0.5 + i / 100)
-    result = make_table.build(plan, header_extra={}, launch_notes=[])
+    result = build(plan, header_extra={}, launch_notes=[])
     assert result["keys"] == ["rollout.temperature"]
     assert result["findings"]["baseline"] == "b" and result["findings"]["best"] == "a"
     assert "| b (baseline) |" in result["md"].read_text()

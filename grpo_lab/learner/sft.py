@@ -16,6 +16,8 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,9 +25,8 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_lab.evaluation import evaluate
 from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, encode_target, token_logprobs
-from grpo_lab.rewards import is_correct
-from grpo_lab.rollout.hf_engine import HFEngine
 
 
 def cache_key(*parts) -> str:
@@ -34,13 +35,14 @@ def cache_key(*parts) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def sampled_accuracy(engine: HFEngine, tokenizer, items, *, temperature: float, max_new_tokens: int,
-                     seed: int) -> float:
-    """Accuracy of one completion per item at the given temperature (0 = greedy)."""
-    prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
-    out = engine.generate(prompts, n=1, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
-                          seed=seed, logprobs=False)
-    return sum(is_correct(text, item) for text, item in zip(out.texts, items)) / max(len(items), 1)
+def shared_weights_engine(model, tokenizer):
+    """An engine generating with `model` itself (no copy), so every evaluation sees the current weights.
+
+    Only the transformers engine can share a live torch module; it is imported here, when an SFT loop
+    evaluates, so that importing grpo_lab.learner does not import grpo_lab.rollout."""
+    from grpo_lab.rollout.hf_engine import HFEngine
+
+    return HFEngine(model, tokenizer)
 
 
 def sft_step(model, optimizer, batch) -> float:
@@ -52,6 +54,47 @@ def sft_step(model, optimizer, batch) -> float:
     loss.backward()
     optimizer.step()
     return loss.item()
+
+
+@dataclass
+class SFTProgress:
+    """Where an SFT loop stands after a step (what `on_step` callbacks see)."""
+
+    step: int              # optimizer steps taken
+    loss: float            # this step's loss
+    step_time_s: float     # wall time of this step (batch sampling, forward, backward, update)
+    trained_s: float       # sum of step_time_s so far: training time, evaluation excluded
+    samples: int           # supervised examples seen
+
+
+def sft_loop(model, tokenizer, optimizer, items: list, *, batch_size: int, seed: int, device,
+             max_steps: int | None = None, max_train_s: float | None = None,
+             on_step: Callable[[SFTProgress], bool | None] | None = None) -> SFTProgress:
+    """Supervised training on `items`' worked solutions (the warm-up and the matched-compute SFT control).
+
+    Batches of `batch_size` items are drawn with replacement from a generator seeded with `seed`.
+    Stopping rule: after `max_steps` steps, or once `max_train_s` seconds were spent in steps
+    (evaluation excluded), or when `on_step` returns True (e.g. a periodic evaluation reached its
+    target); `on_step` runs after every step, outside the timed part, so evaluating there costs no budget.
+    Returns the progress after the last step."""
+    if max_steps is None and max_train_s is None:
+        raise ValueError("sft_loop needs a stopping rule: max_steps and/or max_train_s")
+    prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
+    targets = [encode_target(tokenizer, it.solution) for it in items]
+    gen = torch.Generator().manual_seed(seed)
+    state = SFTProgress(step=0, loss=float("nan"), step_time_s=0.0, trained_s=0.0, samples=0)
+    while ((max_steps is None or state.step < max_steps)
+           and (max_train_s is None or state.trained_s < max_train_s)):
+        model.train()   # an evaluation in on_step may have left the model in eval mode
+        t0 = time.time()
+        idx = torch.randint(len(items), (batch_size,), generator=gen).tolist()
+        batch = collate([prompts[i] for i in idx], [targets[i] for i in idx], tokenizer.pad_token_id).to(device)
+        loss = sft_step(model, optimizer, batch)
+        dt = time.time() - t0
+        state = SFTProgress(state.step + 1, loss, dt, state.trained_s + dt, state.samples + batch_size)
+        if on_step is not None and on_step(state):
+            break
+    return state
 
 
 def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int, seed: int,
@@ -75,38 +118,36 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).to(device)
-    engine = HFEngine(model, tokenizer)
+    engine = shared_weights_engine(model, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    train, dev = task.splits["train"], task.splits["dev"]
-    prompts = [encode_prompt(tokenizer, it.prompt) for it in train]
-    targets = [encode_target(tokenizer, it.solution) for it in train]
-    gen = torch.Generator().manual_seed(seed)
-    start, history, acc, step = time.time(), [], 0.0, 0
+    dev = task.splits["dev"]
+    start, history, acc = time.time(), [], 0.0
     tty = sys.stdout.isatty()
     bar = tqdm(total=cfg.max_steps, desc="warm-up SFT", dynamic_ncols=True, file=sys.stdout, disable=not tty)
-    for step in range(1, cfg.max_steps + 1):
-        model.train()
-        idx = torch.randint(len(train), (cfg.batch_size,), generator=gen).tolist()
-        batch = collate([prompts[i] for i in idx], [targets[i] for i in idx], tokenizer.pad_token_id).to(device)
-        loss = sft_step(model, optimizer, batch)
+
+    def on_step(p: SFTProgress) -> bool:
+        nonlocal acc
         bar.update(1)
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
-            with torch.no_grad():
-                acc = sampled_accuracy(engine, tokenizer, dev, temperature=1.0, max_new_tokens=max_new_tokens,
-                                       seed=seed + step)
-            history.append({"step": step, "loss": loss, "sampled_dev_accuracy": acc})
-            bar.set_postfix(loss=f"{loss:.3f}", sampled_dev_acc=f"{acc:.2f}")
-            if not tty:
-                print(f"warm-up SFT step {step} | loss {loss:.3f} | sampled dev acc {acc:.2f}", flush=True)
-            if acc >= cfg.target_sampled_dev_accuracy:
-                break
+        if p.step % cfg.eval_every != 0 and p.step != cfg.max_steps:
+            return False
+        with torch.no_grad():
+            acc = evaluate(engine, tokenizer, dev, temperature=1.0, max_new_tokens=max_new_tokens,
+                           seed=seed + p.step)["eval/accuracy"]
+        history.append({"step": p.step, "loss": p.loss, "sampled_dev_accuracy": acc})
+        bar.set_postfix(loss=f"{p.loss:.3f}", sampled_dev_acc=f"{acc:.2f}")
+        if not tty:
+            print(f"warm-up SFT step {p.step} | loss {p.loss:.3f} | sampled dev acc {acc:.2f}", flush=True)
+        return acc >= cfg.target_sampled_dev_accuracy
+
+    last = sft_loop(model, tokenizer, optimizer, task.splits["train"], batch_size=cfg.batch_size, seed=seed,
+                    device=device, max_steps=cfg.max_steps, on_step=on_step)
     bar.close()
     with torch.no_grad():
-        greedy = sampled_accuracy(engine, tokenizer, dev, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed)
+        greedy = evaluate(engine, tokenizer, dev, max_new_tokens=max_new_tokens, seed=seed)["eval/accuracy"]
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
-    stats = {"steps": step, "sampled_dev_accuracy": acc, "greedy_dev_accuracy": greedy,
+    stats = {"steps": last.step, "sampled_dev_accuracy": acc, "greedy_dev_accuracy": greedy,
              "reached_target": acc >= cfg.target_sampled_dev_accuracy, "wall_time_s": time.time() - start,
              "history": history}
     done.write_text(json.dumps(stats, indent=2))   # written last: its presence marks a complete cache entry

@@ -7,13 +7,13 @@ or from Python:
     from grpo_lab.report import build_report
     build_report(["multirun/..."], "tables/dapo_vs_grpo", target=0.6)
 
-Modules: runs (find, load, group), stats (mean ± t-interval, first-reach, curve bands),
+Modules: runs (find, load, group), stats (mean ± t-interval, Welch difference, first-reach, curve bands),
 table (columns, markdown, CSV), plots (PNG), build (build_report), __main__ (CLI).
 """
 
 from .build import build_report
 from .runs import Group, NoRunsFound, Run, group_runs, load_run, load_runs
-from .stats import aggregate_curves, first_reach, mean_ci, t_ppf
+from .stats import aggregate_curves, first_reach, mean_ci, t_ppf, welch_diff_ci
 
 __all__ = [
     "Group",
@@ -27,4 +27,5 @@ __all__ = [
     "load_runs",
     "mean_ci",
     "t_ppf",
+    "welch_diff_ci",
 ]

@@ -1,4 +1,5 @@
-"""Statistics for reports: mean ± confidence interval over seeds, first-reach, curve bands.
+"""Statistics for reports: mean ± confidence interval over seeds, Welch difference of two rows,
+first-reach, curve bands.
 
 Pure functions on plain Python/NumPy numbers: no files, no run objects.
 
@@ -132,6 +133,29 @@ def mean_ci(values: Iterable[float | None], confidence: float = 0.95) -> tuple[f
     sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_ppf(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
     return mean, half, n
+
+
+def welch_diff_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Difference of means, mean(a) − mean(b), and the half-width of its Welch t interval.
+
+    Welch (1947): unequal variances, se = √(s_a²/n_a + s_b²/n_b), and the Welch–Satterthwaite
+    degrees of freedom ν = (v_a + v_b)² / (v_a²/(n_a−1) + v_b²/(n_b−1)) with v = s²/n;
+    half = t_{(1+confidence)/2, ν} · se.
+
+    The half-width is nan with fewer than 2 values on a side (no spread to speak of) and 0 when
+    both sides are constant. Both sides must be non-empty.
+    """
+    na, nb = len(a), len(b)
+    ma, mb = math.fsum(a) / na, math.fsum(b) / nb
+    if na < 2 or nb < 2:
+        return ma - mb, math.nan
+    va = math.fsum((x - ma) ** 2 for x in a) / (na - 1) / na
+    vb = math.fsum((x - mb) ** 2 for x in b) / (nb - 1) / nb
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return ma - mb, 0.0
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
+    return ma - mb, t_ppf(0.5 + confidence / 2.0, df) * se
 
 
 def first_reach(xs: Sequence[float], ys: Sequence[float | None], target: float) -> float | None:

@@ -1,0 +1,33 @@
+"""Held-out evaluation: one function for the RL loop, the warm-up SFT and the SFT control.
+
+Greedy by default (temperature 0: the number every table reports); sampled when temperature > 0
+(the warm-up's stopping signal, shared/ENVIRONMENT.md: greedy accuracy runs far ahead of what
+sampled rollouts see).
+"""
+
+from __future__ import annotations
+
+from grpo_lab.learner.batch import encode_prompt
+from grpo_lab.rewards import is_correct
+
+
+def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature: float = 0.0, n: int = 1,
+             seed: int = 0) -> dict:
+    """Accuracy of `n` completions per held-out item, and the mean completion length of right and wrong ones.
+
+    engine: any RolloutEngine (grpo_lab.rollout); its weights are the ones evaluated.
+    Returns eval/accuracy (fraction of the len(items) * n completions that are correct),
+    eval/completion_len_mean and eval/wrong_len_mean (tokens; 0 when nothing is wrong) and eval/n
+    (number of items).
+    """
+    prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
+    out = engine.generate(prompts, n=n, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
+                          seed=seed, logprobs=False)
+    # The engine returns the n completions of each prompt next to each other.
+    correct = [is_correct(t, items[k // n]) for k, t in enumerate(out.texts)]
+    lengths = [len(c) for c in out.completion_ids]
+    wrong = [m for m, ok in zip(lengths, correct) if not ok]
+    return {"eval/accuracy": sum(correct) / max(len(items) * n, 1),
+            "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
+            "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,
+            "eval/n": float(len(items))}

@@ -1,0 +1,177 @@
+"""Running a table: the multirun and the SFT controls, logged to one file; the machine description
+for the header; what to tell the reader about jobs that died before writing anything."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from grpo_lab.tables.plan import Plan, merge_overrides
+from grpo_lab.tables.spec import ROOT, VARIANT_GROUP, override_key, overrides_parser
+
+
+def machine_description() -> str:
+    cores = os.cpu_count() or 0
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = cores
+    cpu, ram = platform.processor() or platform.machine(), None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                ram = int(line.split()[1]) / 2**20
+                break
+    except OSError:
+        pass
+    gpu = "no GPU"
+    if shutil.which("nvidia-smi"):
+        try:
+            names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                   text=True, timeout=20).stdout.strip().splitlines()
+            gpu = f"{len(names)}× {names[0]}" if names else gpu
+        except (OSError, subprocess.SubprocessError):
+            pass
+    ram_txt = f"{ram:.0f} GiB RAM" if ram else "RAM unknown"
+    return (f"{cores} CPU cores ({usable} usable), {ram_txt}, {cpu}, {gpu}; {platform.system()} "
+            f"{platform.release()}, Python {platform.python_version()}")
+
+
+def archive_previous(runs_dir: Path) -> Path | None:
+    """Move an earlier run of this table aside (outputs/.../_archive/<name>-<time>) so rows never mix."""
+    if not runs_dir.exists() or not any(runs_dir.iterdir()):
+        return None
+    stamp = dt.datetime.fromtimestamp(runs_dir.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+    dest = runs_dir.parent / "_archive" / f"{runs_dir.name}-{stamp}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(runs_dir), str(dest))
+    return dest
+
+
+def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
+    """Run `cmd`, streaming its output to the console and to `log`."""
+    full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true",
+                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **env}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as f:
+        f.write(("$ " + shlex.join(cmd) + "\n").encode())
+        f.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read1(65536), b""):
+            f.write(chunk)
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        return proc.wait()
+
+
+def prewarm(plan: Plan, log: Path) -> int:
+    """Fill the warm-up cache one seed at a time before parallel jobs could race to build the same entry."""
+    cmd = [sys.executable, "-m", "grpo_lab.train", "-m", *merge_overrides(plan.base, [
+        "trainer.total_steps=0", "trainer.total_samples=null", "rollout=hf", "logger=none",
+        "trainer.save_checkpoint=false"]), "seed=" + ",".join(str(s) for s in plan.seeds),
+        f"hydra.sweep.dir={plan.runs_dir.parent / '_prewarm' / plan.spec.name}"]
+    return run_logged(cmd, log, {})
+
+
+def matched_wall_time(runs: list, variant: str) -> float | None:
+    """Mean over the variant's completed runs of the time spent in RL steps (sum of perf/step_time_s):
+    the compute the SFT control gets. Evaluation and engine start-up are excluded on both sides."""
+    totals = []
+    for r in runs:
+        if r.ok and r.override_map.get(VARIANT_GROUP) == variant:
+            steps = [row["perf/step_time_s"] for row in r.metrics if row.get("perf/step_time_s") is not None]
+            if steps:
+                totals.append(math.fsum(steps))
+    return math.fsum(totals) / len(totals) if totals else None
+
+
+def run_sft_controls(plan: Plan, log: Path, wall_time: float) -> list[int]:
+    sft = plan.spec.sft_control
+    assert sft is not None
+    codes = []
+    # Spelled as Hydra's sweeper records a job's overrides (.hydra/overrides.yaml: `false` -> `False`),
+    # so the control's recorded overrides match the RL runs' and only `variant` tells them apart.
+    parser = overrides_parser()
+    base = []
+    for o in plan.base:
+        if not override_key(o).startswith("hydra"):
+            ov = parser.parse_override(o)
+            base.append(f"{ov.get_key_element()}={ov.get_value_element_as_str()}")
+    for i, seed in enumerate(plan.seeds):
+        run_dir = plan.runs_dir / "sft_control" / f"{i}_sft_control_s{seed}"
+        overrides = [f"+{VARIANT_GROUP}=sft_control", *base, f"seed={seed}", f"logger.group={plan.group}"]
+        cmd = [sys.executable, "-m", "grpo_lab.tables.sft_control", "--wall-time", f"{wall_time:.3f}",
+               "--evals", str(sft.evals), "--run-dir", str(run_dir), "--", *overrides]
+        codes.append(run_logged(cmd, log, plan.env))
+    return codes
+
+
+def unrecorded_jobs(runs_dir: Path) -> list[Path]:
+    """Job dirs Hydra created whose trainer never wrote metrics or a summary (died before it started)."""
+    out = []
+    for hydra_dir in sorted(runs_dir.rglob(".hydra")):
+        job = hydra_dir.parent
+        if not (job / "summary.json").exists() and not (job / "metrics.jsonl").exists() and job != runs_dir:
+            out.append(job)
+    return out
+
+
+
+def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str]) -> tuple[int, float]:
+    """Run the multirun (after filling the warm-up cache serially for parallel launchers), then the SFT
+    controls; add what the reader must know to `launch_notes`, the date and wall time to `header`, and
+    write both to <runs dir>/table_meta.json (read back by --report-only).
+    Returns the multirun's exit status and the wall time in seconds."""
+    from grpo_lab.report import NoRunsFound, load_runs
+
+    spec = plan.spec
+    started = time.time()
+    date = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    log = plan.runs_dir / "make_table.log"
+    if any(o in plan.launcher for o in ("hydra/launcher=joblib", "hydra/launcher=submitit_local")):
+        t0 = time.time()
+        rc = prewarm(plan, log)
+        launch_notes.append(f"warm-up cache filled serially before the parallel launch ({time.time() - t0:.0f} s, "
+                            f"exit {rc})")
+    rc = run_logged(plan.command, log, plan.env)
+    if rc != 0:
+        launch_notes.append(f"the multirun exited with status {rc}: at least one job failed; every job of the "
+                            "batch still ran (Hydra's launchers run the whole batch, then re-raise the first "
+                            "failure). Failed runs are counted in each row and listed below.")
+    if spec.sft_control:
+        try:
+            wall = matched_wall_time(load_runs([plan.runs_dir]), spec.sft_control.match)
+        except NoRunsFound:
+            wall = None
+        how = f"mean summed RL step time of the completed `{spec.sft_control.match}` runs"
+        if spec.sft_control.wall_time_s is not None:
+            wall, how = spec.sft_control.wall_time_s, "sft_control.wall_time_s in the table yaml"
+        if wall is None:
+            launch_notes.append(f"SFT control skipped: no completed `{spec.sft_control.match}` run to match.")
+        else:
+            codes = run_sft_controls(plan, log, wall)
+            launch_notes.append(f"SFT control: {wall:.1f} s of training per seed ({how}); exit codes {codes}.")
+    for job in unrecorded_jobs(plan.runs_dir):
+        launch_notes.append(f"job `{job.relative_to(plan.runs_dir)}` failed before the trainer wrote "
+                            f"metrics.jsonl/summary.json (see {log.name} and the job's .hydra/ and *.log).")
+    wall_s = time.time() - started
+    header["date"] = f"{date}; wall time {wall_s / 60:.1f} min for {n_jobs} jobs" + (
+        f" + {len(plan.seeds)} SFT controls" if spec.sft_control else "")
+    (plan.runs_dir / "table_meta.json").write_text(json.dumps(
+        {**header, "launch_notes": launch_notes, "wall_time_s": wall_s, "jobs": n_jobs, "exit_code": rc,
+         "launch_command": plan.command}, indent=2))
+    return rc, wall_s

@@ -1,0 +1,224 @@
+"""A table's plan: from a TableSpec to every job's overrides, the variant config files and one Hydra
+multirun command; preflight composes and validates every job before anything is launched.
+
+Named variants (`variants:`, e.g. the rungs of DAPO's ladder, each a *set* of overrides) become one
+config file each, written to `<runs dir>/.variants/variant/<name>.yaml` (`# @package _global_`) and
+swept as the config group `+variant=a,b,c` through `hydra.searchpath`. So variants, sweeps and seeds
+are one cartesian product that any Hydra launcher (basic, joblib, submitit) runs, and each run's
+.hydra/overrides.yaml says which variant it was.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_lab.tables.spec import (CONF, ROOT, VARIANT_GROUP, TableSpec, TableSpecError, Variant, check_overrides,
+                                  override_key, overrides_parser)
+
+# SMOKE=1: the same pipeline at a size the test suite can afford. Every job still builds the model,
+# warms it up (few steps), trains, evaluates and is reported; only budgets shrink.
+SMOKE_OVERRIDES = [
+    "rollout=hf",
+    "logger=none",
+    "trainer.total_steps=2",
+    "trainer.eval_every=1",
+    "trainer.save_checkpoint=false",
+    "warmup.max_steps=60",
+    "warmup.eval_every=30",
+    "task.train_size=2000",
+    "task.dev_size=32",
+    "task.test_size=32",
+]
+
+
+def merge_overrides(*lists: list[str]) -> list[str]:
+    """Concatenate override lists; a later override of the same key replaces the earlier one in place."""
+    out: dict[str, str] = {}
+    for items in lists:
+        for o in items:
+            k = override_key(o)
+            out.pop(k, None)
+            out[k] = o
+    return list(out.values())
+
+
+def variant_overrides(spec: TableSpec, scale: str) -> list[tuple[Variant, list[str]]]:
+    """Each variant with its effective overrides (cumulative ladders include the earlier rungs')."""
+    out, acc = [], []
+    for v in spec.variants:
+        own = v.full_overrides if scale == "full" and v.full_overrides is not None else v.overrides
+        acc = merge_overrides(acc, own) if spec.cumulative else list(own)
+        out.append((v, list(acc)))
+    return out
+
+
+def _is_group(key: str) -> bool:
+    return (CONF / key).is_dir()
+
+
+def variant_yaml(name: str, overrides: list[str]) -> str:
+    """The config file of one variant: `# @package _global_`, group choices as defaults overrides."""
+    from omegaconf import OmegaConf
+
+    parser = overrides_parser()
+    defaults, body = [], OmegaConf.create({})
+    for o in overrides:
+        ov = parser.parse_override(o)
+        key = ov.key_or_group
+        if _is_group(key):
+            defaults.append({f"override /{key}": ov.value()})
+        else:
+            OmegaConf.update(body, key, ov.value(), merge=True, force_add=True)
+    if "run_name" not in body:
+        body.run_name = f"{name}_s${{seed}}"
+    lines = [f"# @package _global_", f"# variant {name!r}, written by scripts/make_table.py from: "
+             + " ".join(overrides or ["(no overrides)"])]
+    if defaults:
+        lines.append(OmegaConf.to_yaml(OmegaConf.create({"defaults": defaults})).rstrip())
+    lines.append(OmegaConf.to_yaml(body).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Plan:
+    spec: TableSpec
+    smoke: bool
+    scale: str
+    runs_dir: Path
+    out: Path
+    group: str
+    variants: list[tuple[Variant, list[str]]]
+    base: list[str]            # fixed (or experiment=...) + smoke + extra: every job's non-swept overrides
+    seeds: list[int]
+    launcher: list[str]
+    command: list[str]
+    env: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def variants_root(self) -> Path:
+        return self.runs_dir / ".variants"
+
+    def jobs(self) -> list[list[str]]:
+        """Every job's task overrides, in the order Hydra's BasicSweeper runs them (seed varies fastest)."""
+        axes: list[list[str]] = []
+        if self.variants:
+            axes.append([f"+{VARIANT_GROUP}={v.name}" for v, _ in self.variants])
+        parser = overrides_parser()
+        for k, v in self.spec.sweep.items():
+            if override_key(k) in {override_key(o) for o in self.base}:
+                continue  # an extra override pinned this sweep key
+            ov = parser.parse_override(f"{k}={v}")
+            vals = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+            axes.append([f"{k}={x}" for x in vals])
+        axes.append([f"seed={s}" for s in self.seeds])
+        return [list(combo) + self.base for combo in itertools.product(*axes)]
+
+    def searchpath_override(self) -> str:
+        return f"hydra.searchpath=['file://{self.variants_root.resolve()}']"
+
+
+def make_plan(spec: TableSpec, *, smoke: bool = False, scale: str = "lab", extra: list[str] = (),
+              runs_root: Path | None = None, tables_root: Path | None = None, launcher: str | None = None,
+              jobs: int = 2, seeds: list[int] | None = None, only: list[str] | None = None) -> Plan:
+    if scale not in ("lab", "full"):
+        raise TableSpecError(f"--scale must be lab or full, got {scale!r}")
+    if scale == "full" and not spec.experiment:
+        raise TableSpecError(f"{spec.path}: --scale full needs `experiment:` naming a conf/experiment recipe")
+    runs_root = Path(runs_root) if runs_root else ROOT / "outputs" / ("smoke/runs" if smoke else "tables")
+    tables_root = Path(tables_root) if tables_root else ROOT / ("outputs/smoke/tables" if smoke else "tables")
+    runs_dir = (runs_root / spec.name).resolve()
+    base = list(spec.fixed) if scale == "lab" else [f"experiment={spec.experiment}"]
+    if smoke:
+        base = merge_overrides(base, SMOKE_OVERRIDES, spec.smoke)
+    errors: list[str] = []
+    extra = check_overrides(list(extra), "extra overrides", errors)
+    if errors:
+        raise TableSpecError("\n  - ".join(["bad command-line overrides:"] + errors))
+    base = merge_overrides(base, extra)
+    variants = variant_overrides(spec, scale)
+    warnings = []
+    for o in extra:
+        hit = [v.name for v, ov in variants if override_key(o) in {override_key(x) for x in ov}]
+        if hit:
+            warnings.append(f"the command-line override {o!r} replaces the value variant(s) {', '.join(hit)} set")
+    if only:
+        unknown = [o for o in only if o not in [v.name for v, _ in variants]]
+        if unknown:
+            raise TableSpecError(f"--variants {','.join(unknown)}: no such variant in {spec.path.name}; "
+                                 f"variants: {', '.join(v.name for v, _ in variants)}")
+        variants = [(v, o) for v, o in variants if v.name in only]
+    seeds = list(seeds) if seeds else (spec.seeds[:1] if smoke else list(spec.seeds))
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    group = f"table-{spec.name}{'-smoke' if smoke else ''}{'-full' if scale == 'full' else ''}-{stamp}"
+    launcher_ov, env = [], {}
+    if launcher and launcher != "basic":
+        launcher_ov.append(f"hydra/launcher={launcher}")
+        if launcher == "joblib":
+            launcher_ov.append(f"hydra.launcher.n_jobs={jobs}")
+            # Each job gets its share of the cores (torch would otherwise start one thread per core in
+            # every worker and oversubscribe the machine).
+            threads = str(max(1, (os.cpu_count() or 1) // max(jobs, 1)))
+            env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    plan = Plan(spec, smoke, scale, runs_dir, (tables_root / spec.name).resolve(), group, variants, base,
+                seeds, launcher_ov, [], env, warnings)
+    cmd = [sys.executable, "-m", "grpo_lab.train", "-m"]
+    if variants:
+        cmd += [plan.searchpath_override(), f"+{VARIANT_GROUP}=" + ",".join(v.name for v, _ in variants)]
+    cmd += [f"{k}={v}" for k, v in spec.sweep.items() if override_key(k) not in {override_key(o) for o in base}]
+    cmd += base + ["seed=" + ",".join(str(s) for s in seeds), f"logger.group={group}",
+                   f"hydra.sweep.dir={runs_dir}"] + launcher_ov
+    plan.command = cmd
+    return plan
+
+
+def write_variant_files(plan: Plan) -> None:
+    d = plan.variants_root / VARIANT_GROUP
+    d.mkdir(parents=True, exist_ok=True)
+    for v, overrides in plan.variants:
+        (d / f"{v.name}.yaml").write_text(variant_yaml(v.name, overrides), encoding="utf-8")
+
+
+def compose_jobs(plan: Plan, jobs: list[list[str]]):
+    """Yield (job, finalized config or the exception composing it raised), from the same conf/ tree the
+    trainer reads: the config each job would run and log."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from grpo_lab.config import finalize, register_configs
+
+    register_configs()
+
+    extra = [plan.searchpath_override()] if plan.variants else []
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for job in jobs:
+            try:
+                yield job, finalize(compose("config", overrides=extra + job + [f"logger.group={plan.group}"]))
+            except Exception as e:  # Hydra composition errors, OmegaConf type errors
+                yield job, e
+
+
+def preflight(plan: Plan) -> int:
+    """Compose and validate every job; raise TableSpecError naming each bad job and its errors."""
+    from grpo_lab.config import validate
+
+    write_variant_files(plan)
+    problems, jobs = [], plan.jobs()
+    for job, cfg in compose_jobs(plan, jobs):
+        try:
+            if isinstance(cfg, Exception):
+                raise cfg
+            validate(cfg)
+        except Exception as e:  # ConfigError and the composition errors above
+            problems.append(f"job `{' '.join(o for o in job if o not in plan.base)}`: {type(e).__name__}: {e}")
+    if problems:
+        raise TableSpecError(f"{len(problems)} of {len(jobs)} jobs of table {plan.spec.name!r} do not validate "
+                             "(nothing was launched):\n  - " + "\n  - ".join(problems))
+    return len(jobs)
+

@@ -1,0 +1,141 @@
+"""Matched-compute SFT control: continue supervised training from the RL runs' warm-up checkpoint
+for a wall-time budget, then evaluate exactly as the RL runs do.
+
+    python -m grpo_lab.tables.sft_control --wall-time 40 --run-dir outputs/x/sft_control_s0 -- seed=0 rollout=hf
+    (scripts/sft_control.py is the same command)
+
+Why: RL from a warm-up checkpoint beats the checkpoint, but the question a table must answer is
+whether it beats *spending the same compute on more SFT* (shared/ENVIRONMENT.md measured 38 s of
+SFT reaching 79 % where 38 s of GRPO reached 72 %). scripts/make_table.py runs this after a sweep,
+with the budget set to the mean time the matched RL runs spent in their steps.
+
+What is the same as an RL run (the overrides after `--` are the RL runs' own):
+  - the starting point: grpo_lab.train.build_policy -> the same cached warm-up checkpoint (same
+    model, task, warm-up settings and seed give the same cache key);
+  - the training loop: grpo_lab.learner.sft.sft_loop, the warm-up's own loop (task.splits["train"]
+    worked solutions, loss on completion tokens only), stopped by wall time instead of accuracy;
+  - the evaluation: grpo_lab.evaluation.evaluate (greedy, trainer.eval_split, rollout.max_new_tokens)
+    with an HF engine sharing the trained weights, before, `--evals` times during, and after training;
+  - the record: grpo_lab.logging.recorder.RunRecorder writes config.yaml, metrics.jsonl and
+    summary.json in the trainer's format (and wandb when logger=wandb), so the report treats the
+    run as one more group.
+What differs, on purpose: the optimiser is a fresh AdamW at the warm-up's lr and batch size
+(warmup.lr, warmup.batch_size): this is "more of the warm-up", not RL's lr. The budget counts only
+training time (evaluation excluded), as the RL side's sum of perf/step_time_s does. `samples` in
+metrics.jsonl counts supervised examples, not generated completions. The RL runs evaluate with their
+rollout engine (vLLM or HF); greedy decoding gives the same tokens up to float round-off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from grpo_lab.tables.spec import CONF
+
+
+def compose_config(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from grpo_lab.config import finalize, register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return finalize(compose("config", overrides=overrides))
+
+
+def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
+    """Train for `wall_time_s` seconds of optimizer steps; log like the trainer; return before/after."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_lab.evaluation import evaluate
+    from grpo_lab.learner.learner import resolve_device, set_cpu_threads
+    from grpo_lab.learner.sft import SFTProgress, sft_loop, shared_weights_engine
+    from grpo_lab.train import build_policy, build_task
+
+    torch.manual_seed(cfg.seed)
+    set_cpu_threads(cfg.learner.num_threads)  # the same compute the RL learner gets
+    device = resolve_device(cfg.learner.device)
+    task = build_task(cfg)
+    policy_dir, warm = build_policy(cfg, task, device)
+    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32).to(device)
+    engine = shared_weights_engine(model, tokenizer)  # every evaluation sees the current weights
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warmup.lr)
+    eval_items = task.splits[cfg.trainer.eval_split]
+
+    def run_eval() -> dict:
+        with torch.no_grad():
+            return evaluate(engine, tokenizer, eval_items, max_new_tokens=cfg.rollout.max_new_tokens)
+
+    before = run_eval()
+    recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
+    eval_at = [wall_time_s * k / (evals + 1) for k in range(1, evals + 1)]
+
+    def on_step(p: SFTProgress) -> None:
+        metrics = {"sft/loss": p.loss, "perf/step_time_s": p.step_time_s, "perf/trained_s": p.trained_s}
+        if eval_at and eval_at[0] <= p.trained_s < wall_time_s:  # the last evaluation is `after`
+            while eval_at and p.trained_s >= eval_at[0]:
+                eval_at.pop(0)
+            metrics.update(run_eval())
+        recorder.log(metrics, step=p.step, samples=p.samples)
+
+    last = sft_loop(model, tokenizer, optimizer, task.splits["train"], batch_size=cfg.warmup.batch_size,
+                    seed=cfg.seed, device=device, max_train_s=wall_time_s, on_step=on_step)
+    after = run_eval()
+    recorder.log(after, step=last.step, samples=last.samples)
+    return {"before": before, "after": after, "steps": last.step, "trained_s": last.trained_s,
+            "warmup": {k: v for k, v in warm.items() if k != "history"}}
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m grpo_lab.tables.sft_control") -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    overrides: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, overrides = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                epilog="Everything after `--` is a Hydra override of conf/config.yaml, as for "
+                                       "python -m grpo_lab.train.")
+    p.add_argument("--wall-time", type=float, required=True, help="seconds of training (evaluation excluded)")
+    p.add_argument("--run-dir", type=Path, required=True, help="run directory to write (created)")
+    p.add_argument("--evals", type=int, default=3, help="evaluations during training (plus before and after)")
+    args = p.parse_args(argv)
+    if args.wall_time <= 0:
+        p.error("--wall-time must be > 0")
+
+    from omegaconf import OmegaConf
+
+    from grpo_lab.config import validate
+    from grpo_lab.logging.recorder import RunRecorder
+
+    # `+variant=...` labels the row for make_table's grouping; it is recorded, not composed.
+    labels = [o for o in overrides if o.lstrip("+").startswith("variant=")]
+    cfg = compose_config([o for o in overrides if o not in labels])
+    validate(cfg)
+    OmegaConf.set_struct(cfg, False)
+    cfg.algorithm.name = "sft_control"   # wandb job_type and the report's algorithm column
+    cfg.run_name = f"sft_control_s{cfg.seed}"
+    cfg.sft_control = {"wall_time_s": args.wall_time, "lr": cfg.warmup.lr, "batch_size": cfg.warmup.batch_size,
+                       "evals": args.evals, "note": "continued SFT from the warm-up checkpoint (scripts/sft_control.py)"}
+    OmegaConf.set_struct(cfg, True)
+    recorder = RunRecorder(args.run_dir, cfg, overrides=overrides, sweep=None,
+                           swept_keys=[o.split("=", 1)[0] for o in overrides if "=" in o])
+    try:
+        result = sft_control(cfg, recorder, wall_time_s=args.wall_time, evals=args.evals)
+    except BaseException as err:
+        recorder.finish(status="failed", error=err)
+        raise
+    recorder.finish(status="completed", extra={"warmup": result["warmup"], "trained_s": result["trained_s"]})
+    b, a = result["before"]["eval/accuracy"], result["after"]["eval/accuracy"]
+    print(f"SFT control: {result['steps']} steps in {result['trained_s']:.1f} s; held-out accuracy "
+          f"{b:.1%} -> {a:.1%} ({100 * (a - b):+.1f} points); run: {args.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
