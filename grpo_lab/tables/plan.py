@@ -214,7 +214,9 @@ def preflight(plan: Plan) -> int:
         try:
             if isinstance(cfg, Exception):
                 raise cfg
-            validate(cfg)
+            # The values, not this machine: a full-scale table's jobs run on GPU machines (or Slurm
+            # nodes); each job's own entry point checks the machine it lands on.
+            validate(cfg, machine=False)
         except Exception as e:  # ConfigError and the composition errors above
             problems.append(f"job `{' '.join(o for o in job if o not in plan.base)}`: {type(e).__name__}: {e}")
     if problems:
