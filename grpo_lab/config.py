@@ -305,6 +305,22 @@ def _check(ok: bool, message: str, errors: list[str]) -> bool:
     return bool(ok)
 
 
+def check_registered(registry, name: str, key: str, errors: list[str]) -> bool:
+    """Append an error naming `key` unless `name` is registered (or an importable plug-in path)."""
+    from grpo_lab.registry import UnknownChoiceError
+
+    try:
+        registry.get(name)
+        return True
+    except UnknownChoiceError as err:
+        if isinstance(name, str) and ":" in name:
+            errors.append(f"{key}: {err}")
+        else:
+            errors.append(f"{key}={name!r} is not registered; valid choices: {', '.join(sorted(registry.names()))}"
+                          " (or a plug-in as 'package.module:function')")
+        return False
+
+
 def _non_finite_floats(node: Any, prefix: str = "") -> list[str]:
     """Dotted keys of every NaN / ±inf number in a resolved config container."""
     if isinstance(node, dict):
@@ -339,9 +355,7 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     errors: list[str] = []
 
     def registered(registry, name: str, key: str) -> bool:
-        _check(name in registry, f"{key}={name!r} is not registered; valid choices: "
-               f"{', '.join(sorted(registry.names()))}", errors)
-        return name in registry
+        return check_registered(registry, name, key, errors)
 
     # A NaN or inf anywhere (a learning rate, a reward weight, a clip range) silently ruins a run.
     for bad in _non_finite_floats(OmegaConf.to_container(cfg, resolve=True)):

@@ -14,12 +14,20 @@ Two things live on an entry besides its function:
   names. A new setting therefore touches the schema, the YAML and the one function that reads it,
   never the call site or the other entries.
 
+**Plug-ins by import path**: a name of the form ``"package.module:attribute"`` is not looked up in
+the entries but imported on first use (and then remembered under that name, with the registry's
+default facts), so a user's reward function, task source or model builder works from config without
+editing the lab: ``reward.weights={my_lab.rewards:length_bonus: 0.1}``. The module must be importable
+in every process that runs the job (installed, or on PYTHONPATH), which is what Hydra's joblib and
+Slurm launchers need anyway.
+
 This module is neutral ground: the pure math (``grpo_lab.algos``) and the I/O-side registries
 (rollout engines, models, tasks, rewards, objectives) all use it, and it imports nothing of the lab.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
@@ -93,13 +101,34 @@ class Registry:
         return decorator
 
     def get(self, name: str) -> Callable[..., Any]:
-        """The function registered as ``name``; :class:`UnknownChoiceError` lists valid names."""
+        """The function registered as ``name`` (or imported from ``"module:attribute"``);
+        :class:`UnknownChoiceError` lists valid names or says why the import failed."""
         try:
             return self._entries[name]
         except (KeyError, TypeError):  # TypeError: unhashable name from a bad config
+            pass
+        if isinstance(name, str) and ":" in name:
+            return self._import(name)
+        raise UnknownChoiceError(
+            f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())} "
+            "(or a plug-in as 'package.module:function')"
+        )
+
+    def _import(self, path: str) -> Callable[..., Any]:
+        module_name, _, attr = path.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
             raise UnknownChoiceError(
-                f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())}"
+                f"{self.kind} plug-in {path!r} cannot be imported ({type(err).__name__}: {err}); give "
+                "'package.module:function' with the module installed or on PYTHONPATH in every process "
+                "that runs the job"
             ) from None
+        if not callable(fn):
+            raise UnknownChoiceError(f"{self.kind} plug-in {path!r} is a {type(fn).__name__}, not a callable")
+        self._entries[path] = fn
+        self._facts[path] = dict(self.defaults)
+        return fn
 
     def fact(self, name: str, key: str) -> Any:
         """A fact about the entry ``name`` (its registration's value, else the registry's default)."""
@@ -118,10 +147,12 @@ class Registry:
         return list(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        """Registered, or an importable ``"module:attribute"`` plug-in."""
         try:
-            return name in self._entries
-        except TypeError:
+            self.get(name)  # type: ignore[arg-type]
+        except UnknownChoiceError:
             return False
+        return True
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -58,7 +58,10 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, warm_cache):
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert ckpts == ["step_2", "step_4"]
 
-    proc = run_train([*RUN, "trainer.resume=auto"], run_dir, warm_cache)
+    # `make resume RUN=<dir>`: the run's own overrides, replayed into its directory with resume=auto
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(run_dir)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from"].endswith("step_4")
@@ -98,3 +101,15 @@ def test_a_run_that_fails_validation_is_recorded_as_failed(tmp_path):
 def test_non_finite_config_values_are_rejected(tmp_path, value):
     proc = run_train(["logger=none", f"learner.lr={value}"], tmp_path / "run", tmp_path / "cache", timeout=120)
     assert proc.returncode != 0 and "learner.lr=" in proc.stderr and "is not a finite number" in proc.stderr
+
+
+def test_resume_continues_the_same_wandb_run(tmp_path, warm_cache):
+    run_dir = tmp_path / "run"
+    overrides = [*TINY_RUN, "rollout=hf", "logger=wandb", "trainer.checkpoint_every=1"]
+    assert run_train(overrides, run_dir, warm_cache).returncode == 0
+    first = {p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")}
+    proc = run_train([*overrides, f"trainer.resume={run_dir / 'checkpoints' / 'step_1'}"], run_dir, warm_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and {p.name.rsplit("-", 1)[-1] for p in runs} == first   # one id, two sessions
+    assert [m["step"] for m in read_metrics(run_dir)] == [0, 1, 2, 2]                # cut back, not appended

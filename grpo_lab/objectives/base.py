@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from omegaconf import OmegaConf
+
 from grpo_lab.registry import Registry
 
 # name -> Objective instance (algorithm.objective).
 OBJECTIVES = Registry("training objective")
+
+
+def settings_of(section) -> dict:
+    """A config section as plain keyword arguments for ``Registry.call`` (which passes each registered
+    function only the ones its signature names)."""
+    return OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(vars(section))
 
 
 class Objective:

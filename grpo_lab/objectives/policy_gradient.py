@@ -15,26 +15,14 @@ names).
 from __future__ import annotations
 
 import torch
-from omegaconf import OmegaConf
 
 from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate,
                             best_of_group_mask, entropy_from_logits, linear_warmup)
-from grpo_lab.objectives.base import OBJECTIVES, Objective
+from grpo_lab.config import check_registered
+from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 
 # Where the KL(π || π_ref) penalty acts (algorithm.kl.placement).
 KL_PLACEMENTS = ("loss", "reward")
-
-
-def _settings(algo) -> dict:
-    """The algorithm section as plain keyword arguments for ``Registry.call``."""
-    return OmegaConf.to_container(algo, resolve=True) if OmegaConf.is_config(algo) else dict(vars(algo))
-
-
-def _registered(registry, name: str, key: str, errors: list[str]) -> bool:
-    if name in registry:
-        return True
-    errors.append(f"{key}={name!r} is not registered; valid choices: {', '.join(sorted(registry.names()))}")
-    return False
 
 
 class PolicyGradient(Objective):
@@ -45,7 +33,7 @@ class PolicyGradient(Objective):
 
     def check(self, cfg, errors: list[str]) -> None:
         a = cfg.algorithm
-        if _registered(ADVANTAGE_ESTIMATORS, a.advantage, "algorithm.advantage", errors):
+        if check_registered(ADVANTAGE_ESTIMATORS, a.advantage, "algorithm.advantage", errors):
             if ADVANTAGE_ESTIMATORS.fact(a.advantage, "needs_critic") and not a.critic.enabled:
                 errors.append(f"algorithm.advantage={a.advantage} needs a value model: set "
                               "algorithm.critic.enabled=true (or use algorithm=ppo)")
@@ -60,9 +48,9 @@ class PolicyGradient(Objective):
                     f"algorithm.advantage={a.advantage} is 0 for all of them and nothing is learned; raise "
                     f"rollout.group_size to >= {need} or set "
                     + " or ".join(f"algorithm.advantage={n}" for n in alone) + " (batch-level baseline)")
-        _registered(POLICY_LOSSES, a.policy_loss, "algorithm.policy_loss", errors)
-        _registered(AGGREGATIONS, a.aggregation, "algorithm.aggregation", errors)
-        _registered(KL_ESTIMATORS, a.kl.estimator, "algorithm.kl.estimator", errors)
+        check_registered(POLICY_LOSSES, a.policy_loss, "algorithm.policy_loss", errors)
+        check_registered(AGGREGATIONS, a.aggregation, "algorithm.aggregation", errors)
+        check_registered(KL_ESTIMATORS, a.kl.estimator, "algorithm.kl.estimator", errors)
         if a.kl.placement not in KL_PLACEMENTS:
             errors.append(f"algorithm.kl.placement={a.kl.placement!r}; valid choices: {', '.join(KL_PLACEMENTS)}")
         for key in ("clip_low", "clip_high"):
@@ -96,7 +84,7 @@ class PolicyGradient(Objective):
             metrics["reward/kl_penalty"] = float(kl.sum() / mask.sum().clamp(min=1))
         values = batch["old_values"] if "old_values" in batch else None
         advantages, returns = ADVANTAGE_ESTIMATORS.call(algo.advantage, token_rewards, mask, batch["group_ids"],
-                                                        values=values, **_settings(algo))
+                                                        values=values, **settings_of(algo))
         batch["advantages"], batch["returns"] = advantages, returns
         loss_mask = mask.clone()
         if algo.overlong.filter:
@@ -129,7 +117,7 @@ class PolicyGradient(Objective):
         mask = micro["loss_mask"]
         is_weights = micro["is_weights"] if "is_weights" in micro else None
         loss_mat, m = POLICY_LOSSES.call(a.policy_loss, logp, micro["old_logprobs"], micro["advantages"], mask,
-                                         is_weights=is_weights, **_settings(a))
+                                         is_weights=is_weights, **settings_of(a))
         entropy = entropy_from_logits(logits)                                  # [n, T]
         total = loss_mat
         metrics = {k: float(v) for k, v in m.items()}

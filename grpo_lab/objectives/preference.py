@@ -21,8 +21,8 @@ import torch
 
 from grpo_lab.algos import PAIRINGS, PREFERENCE_LOSSES, sequence_logps
 from grpo_lab.learner.batch import encode_prompt, encode_target, pair_batch
-from grpo_lab.objectives.base import OBJECTIVES, Objective
-from grpo_lab.objectives.policy_gradient import _registered, _settings
+from grpo_lab.config import check_registered
+from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 from grpo_lab.phases import GroupSampler, PromptStream, ScoredRollout
 from grpo_lab.rollout import Rollout
 
@@ -95,8 +95,8 @@ class Preference(Objective):
 
     def check(self, cfg, errors: list[str]) -> None:
         pref = cfg.algorithm.preference
-        _registered(PREFERENCE_LOSSES, pref.loss, "algorithm.preference.loss", errors)
-        _registered(PAIRINGS, pref.pairing, "algorithm.preference.pairing", errors)
+        check_registered(PREFERENCE_LOSSES, pref.loss, "algorithm.preference.loss", errors)
+        check_registered(PAIRINGS, pref.pairing, "algorithm.preference.pairing", errors)
         if not pref.beta > 0:
             errors.append(f"algorithm.preference.beta={pref.beta} must be > 0 (DPO uses 0.1)")
         if pref.pairs == "policy":
@@ -117,7 +117,7 @@ class Preference(Objective):
         every group's rewards agree has no pair: it yields an empty batch (the learner skips it)."""
         pref = algo.preference
         chosen, rejected, weights = PAIRINGS.call(pref.pairing, batch["rewards"], batch["group_ids"],
-                                                  **_settings(pref))
+                                                  **settings_of(pref))
         return pair_batch(batch, chosen, rejected, weights), {"rollout/preference_pairs": float(len(chosen))}
 
     def minibatch_norms(self, minibatch) -> dict:
@@ -134,7 +134,7 @@ class Preference(Objective):
             logps[f"ref_{side}"] = sequence_logps(rows["ref_logprobs"], rows["response_mask"])
         pref = learner.algo.preference
         loss, m = PREFERENCE_LOSSES.call(pref.loss, logps["chosen"], logps["rejected"], logps["ref_chosen"],
-                                         logps["ref_rejected"], weights=micro["pair_weight"], **_settings(pref))
+                                         logps["ref_rejected"], weights=micro["pair_weight"], **settings_of(pref))
         share = micro["pair_weight"].sum().item() / norm["pair_weight_total"]
         return loss * share, {f"{pref.loss}_{k}": float(v) for k, v in m.items()}
 
