@@ -137,25 +137,35 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    # Registered task source (grpo_lab/tasks): reasoning_gym or local_dataset.
+    # Task source: a registered one (grpo_lab/tasks: reasoning_gym, local_dataset) or a plug-in factory
+    # "package.module:function" returning a grpo_lab.tasks.Task.
     source: str = "reasoning_gym"
     # reasoning-gym generator name (task.name=chain_sum) or a label for a local dataset.
     name: str = "chain_sum"
-    # Extra arguments of the generator (reasoning_gym.create_dataset(name, **dataset_kwargs)).
+    # Extra arguments of the generator (reasoning_gym.create_dataset(name, **dataset_kwargs)); each
+    # conf/task file sets its own, so switch tasks with task=<file> (task.name=... keeps these keys).
     dataset_kwargs: Dict[str, Any] = field(default_factory=dict)
     # "question" (generator text) or "compact" (short form for tiny character-level models).
     prompt_format: str = "question"
+    # Items in the train split (RL prompts and warm-up data); >= 1.
     train_size: int = 20000
+    # Items in the dev split (the warm-up's stopping rule); >= 1.
     dev_size: int = 200
+    # Items in the test split (held-out evaluation); >= 1.
     test_size: int = 200
     # Split seeds; reasoning-gym seeds item i with seed + i, so they must be more than a split size apart.
     train_seed: int = 1_000_000
+    # Seed of the dev split (see train_seed).
     dev_seed: int = 2_000_000
+    # Seed of the test split (see train_seed).
     test_seed: int = 3_000_000
-    # local_dataset: file or hub name, and field names.
+    # local_dataset: file (JSONL/JSON/parquet/CSV) or hub name.
     path: Optional[str] = None
+    # local_dataset: field holding the prompt text.
     prompt_field: str = "prompt"
+    # local_dataset: field holding the reference answer.
     answer_field: str = "answer"
+    # local_dataset: field holding the SFT target (null = the answer).
     solution_field: Optional[str] = None
     # local_dataset: {split: file} when the data comes pre-split (e.g. {train: a.jsonl, test: b.jsonl}).
     splits: Optional[Dict[str, str]] = None
@@ -170,8 +180,15 @@ class TaskConfig:
 
 @dataclass
 class RewardConfig:
-    # Registered reward functions (grpo_lab/rewards) and their weights; the reward is the weighted sum.
+    # Reward functions and their weights (weighted sum): a registered name (grpo_lab/rewards) or a
+    # plug-in import path, e.g. +reward.weights={my_pkg.rewards.length_penalty: 0.5} (or "pkg.mod:fn").
     weights: Dict[str, float] = field(default_factory=lambda: {"correctness_binary": 1.0})
+    # Seconds one reward-function call may run (null = no limit); timed-out samples get on_error.
+    timeout_s: Optional[float] = 60.0
+    # Reward given to a sample whose reward function raised, returned NaN/inf or timed out.
+    on_error: float = 0.0
+    # Fail the run when more than this fraction of a step's samples had a failed reward (0 = any).
+    max_error_frac: float = 0.1
 
 
 @dataclass
@@ -184,6 +201,7 @@ class RolloutConfig:
     group_size_schedule: Optional[Dict[int, int]] = None
     # Sampling temperature for training rollouts (evaluation is greedy).
     temperature: float = 1.0
+    # Nucleus sampling threshold for training rollouts (1.0 = off).
     top_p: float = 1.0
     # Maximum completion length; completions that hit it are "truncated".
     max_new_tokens: int = "${task.max_completion_tokens}"  # type: ignore[assignment]
@@ -195,6 +213,10 @@ class RolloutConfig:
     enforce_eager: bool = True
     # Numeric type of the engine's weights; fp32 keeps engine and learner logprobs within 1e-3.
     dtype: str = "float32"
+    # vLLM: seconds one generate call (rollout or evaluation) may take before the run fails; null = no limit.
+    generate_timeout_s: Optional[float] = 600.0
+    # vLLM: seconds one weight push into the engine may take before the run fails (null = no limit).
+    sync_timeout_s: Optional[float] = 300.0
 
 
 @dataclass

@@ -23,17 +23,21 @@ wrong answer. ``correctness_binary`` is 1.0 exactly when ``correctness`` is 1.0,
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import json
 import logging
 import math
+import signal
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_lab.registry import Registry
+from grpo_lab.registry import Registry, UnknownChoiceError
 
 from .answers import extract_answer
+from .plugin import import_object, is_import_path
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +170,130 @@ def reward_fields(items: Sequence[Any]) -> dict[str, list]:
     return fields
 
 
+class RewardTimeout(BaseException):
+    """Raised inside a reward function that ran past ``reward.timeout_s``.
+
+    A BaseException (like KeyboardInterrupt), so a reward function's ``except Exception`` cannot
+    swallow it.
+    """
+
+
+class RewardError(RuntimeError):
+    """Too many samples of one step had a failed reward (more than ``reward.max_error_frac``)."""
+
+
+class RewardResult(tuple):
+    """``(total, per_reward)`` (unpacks as before) plus ``.metrics``: the failure counts
+    ``reward/errors`` (raised or non-finite), ``reward/timeouts`` and ``reward/failed_frac``."""
+
+    def __new__(cls, total: list[float], per: dict[str, list[float]], metrics: dict[str, float]):
+        self = super().__new__(cls, (total, per))
+        self.metrics = metrics
+        return self
+
+    @property
+    def total(self) -> list[float]:
+        return self[0]
+
+    @property
+    def per_reward(self) -> dict[str, list[float]]:
+        return self[1]
+
+
+# Signal that interrupts a reward call in the main thread. Not SIGALRM: math-verify (our
+# math_verify reward) times its own parsing with signal.alarm and would cancel our alarm.
+_TIMEOUT_SIGNAL = signal.SIGUSR2
+
+
+@contextlib.contextmanager
+def _deadline(timeout_s: float | None):
+    """Raise :class:`RewardTimeout` in this thread if the block runs past ``timeout_s`` seconds.
+
+    Main thread (single runs, and Hydra's joblib launcher, whose loky workers run each job in
+    their main thread): a timer thread sends ``_TIMEOUT_SIGNAL`` to this thread and the handler
+    raises; this also interrupts blocking calls such as ``time.sleep`` (PEP 475 retries them only
+    when the handler returns). Any other thread: the timer injects the exception with
+    ``PyThreadState_SetAsyncExc``, which takes effect at the next Python bytecode, so a reward stuck
+    inside one long C call is only stopped when that call returns. A process pool could kill any
+    hang, but would pickle every completion and task field each step for a case that the signal
+    path already covers where this lab runs rewards (the main thread).
+    """
+    if timeout_s is None:
+        yield
+        return
+    done, fired = threading.Event(), threading.Event()
+    tid = threading.get_ident()
+    in_main = threading.current_thread() is threading.main_thread()
+
+    def handler(signum, frame):
+        if fired.is_set() and not done.is_set():
+            raise RewardTimeout()
+
+    def fire():
+        if done.wait(timeout_s):
+            return
+        fired.set()
+        if in_main:
+            signal.pthread_kill(tid, _TIMEOUT_SIGNAL)
+        else:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(RewardTimeout))
+
+    old = signal.signal(_TIMEOUT_SIGNAL, handler) if in_main else None
+    timer = threading.Thread(target=fire, name="reward-deadline", daemon=True)
+    timer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        timer.join()
+        if in_main:
+            signal.signal(_TIMEOUT_SIGNAL, old)
+        elif fired.is_set():  # clear an injected exception that arrived after the call returned
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+
+
+def resolve_reward(name: str) -> Any:
+    """The reward function ``name``: a registered one, or a plug-in ``"package.module:function"``
+    (imported on demand, see grpo_lab.rewards.plugin). Unknown names list the valid choices."""
+    if is_import_path(name):
+        return import_object(name, key=f"reward.weights[{name!r}]", what="reward function")
+    try:
+        return REWARDS.get(name)
+    except UnknownChoiceError as e:
+        raise UnknownChoiceError(
+            f"{e} (reward.weights key); or name your own function as 'package.module:function', "
+            "e.g. reward.weights={\"my_pkg.rewards:length_penalty\": 0.5}") from None
+
+
+def _short(x: Any, n: int = 80) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
 def compute_rewards(
-    completions: list[str], items: Sequence[Any], specs: Sequence[tuple[str, float]]
-) -> tuple[list[float], dict[str, list[float]]]:
-    """Weighted sum of registered rewards.
+    completions: list[str],
+    items: Sequence[Any],
+    specs: Sequence[tuple[str, float]],
+    *,
+    timeout_s: float | None = None,
+    on_error: float = 0.0,
+    max_error_frac: float = 0.0,
+) -> RewardResult:
+    """Weighted sum of reward functions, with failures contained.
 
     ``items[i]`` is the ``TaskItem`` that ``completions[i]`` answers (repeat each item G times for
-    a group of G samples). ``specs`` is ``[(reward name, weight), ...]``; each name at most once.
+    a group of G samples). ``specs`` is ``[(reward name, weight), ...]``; each name at most once; a
+    name is registered (``REWARDS``) or a plug-in ``"package.module:function"``.
     Returns ``(total, per_reward)`` with ``total[i] = sum_k weight_k * per_reward[name_k][i]`` and
-    ``per_reward`` holding the unweighted values.
+    ``per_reward`` holding the unweighted values; ``.metrics`` counts the failures.
+
+    Containment (issue 8): each function is called once on the whole batch, within ``timeout_s``.
+    If that call raises or times out, it is called again per sample (each within ``timeout_s``) to
+    find the failing samples. A sample whose value could not be computed (raised, timed out,
+    NaN/inf or not a number) gets ``on_error`` as that function's value. When more than
+    ``max_error_frac`` of the samples failed, :class:`RewardError` is raised (as soon as that is
+    certain, so a function hanging on every sample costs about ``max_error_frac * n + 1`` timeouts,
+    not ``n``). A function returning the wrong number of values is a bug and raises at once.
     """
     n = len(completions)
     if len(items) != n:
@@ -186,16 +305,95 @@ def compute_rewards(
     dup = sorted({x for x in names if names.count(x) > 1})
     if dup:
         raise ValueError(f"rewards listed more than once: {dup}; give each reward one weight")
+    fns = {name: resolve_reward(name) for name in names}
     fields = reward_fields(items)
+    completions = list(completions)
+    failed: dict[int, str] = {}  # sample -> first failure, for the message
+    counts = {"errors": 0, "timeouts": 0}
+    budget = int(max_error_frac * n + 1e-9)  # failed samples tolerated
+
+    def give_up() -> None:
+        k = len(failed)
+        first = failed[min(failed)]
+        raise RewardError(
+            f"reward: {k} of {n} samples ({100 * k / max(n, 1):.1f} %) got no valid reward in this step "
+            f"(errors: {counts['errors']}, timeouts: {counts['timeouts']}), more than "
+            f"reward.max_error_frac={max_error_frac:g}. First failure: {first}. Fix the reward function, "
+            "raise reward.timeout_s if it is merely slow, or raise reward.max_error_frac to tolerate more")
+
+    def fail(i: int, name: str, kind: str, detail: str) -> None:
+        counts[kind] += 1
+        failed.setdefault(i, f"reward {name!r} on completion {_short(completions[i])}: {detail}")
+
+    def check_len(name: str, vals: Any, m: int) -> list:
+        try:
+            vals = list(vals)
+        except TypeError:
+            raise RuntimeError(f"reward {name!r} returned {type(vals).__name__}, not a list of {m} floats") from None
+        if len(vals) != m:
+            raise RuntimeError(f"reward {name!r} returned {len(vals)} values for {m} completions")
+        return vals
+
+    def one_value(name: str, i: int, v: Any) -> float:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            fail(i, name, "errors", f"returned {_short(v)}, not a number")
+            return on_error
+        if not math.isfinite(x):
+            fail(i, name, "errors", f"returned {x}")
+            return on_error
+        return x
+
     total = [0.0] * n
     per: dict[str, list[float]] = {}
     for name, w in specs:
-        vals = [float(v) for v in REWARDS.get(name)(list(completions), **fields)]
-        if len(vals) != n:
-            raise RuntimeError(f"reward {name!r} returned {len(vals)} values for {n} completions")
+        fn = fns[name]
+        try:
+            with _deadline(timeout_s):
+                raw = fn(completions, **fields)
+            batch_failure = None
+        except RewardTimeout:
+            batch_failure = f"timed out on the batch (reward.timeout_s={timeout_s:g})"
+        except Exception as e:  # contained: found per sample below
+            batch_failure = f"{type(e).__name__}: {e}"
+        if batch_failure is None:
+            vals = [one_value(name, i, v) for i, v in enumerate(check_len(name, raw, n))]
+        else:
+            log.warning("reward %r failed on the whole batch (%s); scoring each sample alone", name, batch_failure)
+            vals = []
+            for i in range(n):
+                one = {k: [v[i]] for k, v in fields.items()}
+                try:
+                    with _deadline(timeout_s):
+                        out = check_len(name, fn([completions[i]], **one), 1)
+                    vals.append(one_value(name, i, out[0]))
+                except RewardTimeout:
+                    fail(i, name, "timeouts", f"ran past reward.timeout_s={timeout_s:g}")
+                    vals.append(on_error)
+                except RuntimeError as e:
+                    if str(e).startswith(f"reward {name!r} returned"):
+                        raise
+                    fail(i, name, "errors", f"{type(e).__name__}: {e}")
+                    vals.append(on_error)
+                except Exception as e:
+                    fail(i, name, "errors", f"{type(e).__name__}: {e}")
+                    vals.append(on_error)
+                if len(failed) > budget:
+                    give_up()
+        if len(failed) > budget:
+            give_up()
         per[name] = vals
         total = [t + w * v for t, v in zip(total, vals)]
-    return total, per
+    metrics = {"reward/errors": float(counts["errors"]), "reward/timeouts": float(counts["timeouts"]),
+               "reward/failed_frac": len(failed) / max(n, 1)}
+    return RewardResult(total, per, metrics)
+
+
+def contained_settings(reward_cfg: Any) -> dict[str, Any]:
+    """The keyword arguments of :func:`compute_rewards` from a ``reward`` config section."""
+    return {"timeout_s": reward_cfg.timeout_s, "on_error": float(reward_cfg.on_error),
+            "max_error_frac": float(reward_cfg.max_error_frac)}
 
 
 def is_correct(completion: str, item: Any) -> bool:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from grpo_lab.registry import Registry
 from grpo_lab.rollout.base import Rollout, RolloutEngine
+from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError, RolloutEngineError
 
 # Fact: `requires_module` (a module that must be importable, checked before anything loads; None = none).
 ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None})
@@ -16,7 +17,9 @@ def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEng
     from grpo_lab.rollout.vllm_engine import VLLMEngine  # imports vllm only when chosen
     return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
                       max_model_len=rollout_cfg.max_model_len, enforce_eager=rollout_cfg.enforce_eager,
-                      dtype=rollout_cfg.dtype, seed=seed)
+                      dtype=rollout_cfg.dtype, seed=seed,
+                      generate_timeout_s=getattr(rollout_cfg, "generate_timeout_s", None),
+                      sync_timeout_s=getattr(rollout_cfg, "sync_timeout_s", None))
 
 
 @ROLLOUT_ENGINES.register("hf")
@@ -29,4 +32,5 @@ def make_engine(model_dir: Path, rollout_cfg, *, seed: int, device: str = "cpu")
     return ROLLOUT_ENGINES.get(rollout_cfg.engine)(model_dir, rollout_cfg, seed=seed, device=device)
 
 
-__all__ = ["Rollout", "RolloutEngine", "ROLLOUT_ENGINES", "make_engine"]
+__all__ = ["Rollout", "RolloutEngine", "ROLLOUT_ENGINES", "make_engine", "RolloutEngineError", "EngineDeadError",
+           "EngineTimeoutError"]

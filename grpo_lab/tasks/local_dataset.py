@@ -19,6 +19,7 @@ is then extracted from the field with the format's rule (here: ``72``).
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,6 +50,35 @@ def _builder_for(files: Sequence[str]) -> str:
 
 def _looks_like_file(p: str) -> bool:
     return any(p.endswith(ext) for ext in FILE_BUILDERS) or p.startswith(("/", "./", "../", "~"))
+
+
+def check_jsonl(path: str | Path, required: Sequence[str] = ()) -> int:
+    """Read a JSON-lines file line by line; raise naming the file and line for what ``datasets``
+    reports badly (an empty file: a bare StopIteration; a malformed line: no file or line number).
+    Returns the number of rows. ``required`` fields must be present and non-null on every row."""
+    n = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {lineno}: not valid JSON ({e.msg} at column {e.colno}): "
+                                 f"{line.strip()[:120]!r}. Each line of a .jsonl file must be one JSON object") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}, line {lineno}: a JSON {type(row).__name__}, not an object "
+                                 "with named fields")
+            for key in required:
+                if row.get(key) is None:
+                    raise ValueError(
+                        f"{path}, line {lineno}: lacks columns [{key!r}] (no {key!r} field; its fields: {sorted(row)}). Add it, or name "
+                        f"the field that holds it (task.prompt_field / task.answer_field / task.solution_field)")
+            n += 1
+    if n == 0:
+        raise ValueError(f"{path} holds no rows (the file is empty): point task.path at a JSONL file with "
+                         "one JSON object per line")
+    return n
 
 
 def load_source(path: str | Mapping[str, str]) -> dict[str, Any]:
@@ -104,6 +134,11 @@ def local_dataset_task(
     check_answer_format(answer_format)
     if "{prompt}" not in prompt_template:
         raise ValueError(f"prompt_template must contain '{{prompt}}', got {prompt_template!r}")
+    needed = [prompt_field, answer_field, *([solution_field] if solution_field else []), *extra_fields]
+    files = dict(path) if isinstance(path, Mapping) else {"": str(path)}
+    for f in files.values():
+        if str(f).endswith(".jsonl") and Path(str(f)).expanduser().is_file():
+            check_jsonl(Path(str(f)).expanduser(), needed)
     source = load_source(path)
     sizes = {"train": train_size, "dev": dev_size, "test": test_size}
     mapping = dict(splits) if splits is not None else {}
@@ -124,11 +159,19 @@ def local_dataset_task(
         return [dict(r) for r in ds]
 
     train_rows = rows(source[mapping["train"]])
-    columns = set(train_rows[0]) if train_rows else set()
-    needed = [prompt_field, answer_field, *([solution_field] if solution_field else []), *extra_fields]
+    if not train_rows:
+        raise ValueError(f"{path!r}: the train split {mapping['train']!r} has no rows; task.path must hold data")
+    columns = set(train_rows[0])
     missing = [c for c in needed if c not in columns]
     if missing:
-        raise ValueError(f"{path!r} lacks columns {missing}; its columns are {sorted(columns)}")
+        raise ValueError(f"{path!r} lacks columns {missing}; its columns are {sorted(columns)}. Set "
+                         "task.prompt_field / task.answer_field / task.solution_field to the right names")
+    for s_name in {mapping[s] for s in mapping}:
+        for i, r in enumerate(rows(source[s_name])):
+            for c in needed:
+                if r.get(c) is None:
+                    raise ValueError(f"{path!r}, split {s_name!r}, row {i + 1}: the {c!r} field is empty or "
+                                     "missing; every row needs it")
 
     raw: dict[str, list[dict[str, Any]]] = {}
     for s in ("dev", "test"):

@@ -69,6 +69,34 @@ def check_generator(name: str) -> None:
     )
 
 
+def generator_kwargs(name: str) -> list[str]:
+    """The dataset_kwargs generator ``name`` accepts (its config dataclass's fields, less size/seed)."""
+    import dataclasses
+
+    from reasoning_gym.factory import DATASETS
+
+    return [f.name for f in dataclasses.fields(DATASETS[name][1]) if f.name not in ("size", "seed")]
+
+
+def check_dataset_kwargs(name: str, dataset_kwargs: Mapping[str, Any]) -> None:
+    """Raise (naming ``task.dataset_kwargs``) when a key is not a setting of generator ``name``.
+
+    The usual cause (issue 8, item 9): ``task.name=gcd`` keeps chain_sum's dataset_kwargs, and
+    ``task.dataset_kwargs={}`` does not clear them (Hydra merges a dict override into the dict).
+    """
+    check_generator(name)
+    valid = generator_kwargs(name)
+    unknown = sorted(set(dataset_kwargs) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"task.dataset_kwargs has {unknown}, which reasoning-gym generator {name!r} does not take "
+            f"(Valid dataset_kwargs for {name}: {', '.join(valid)}). Left over from another task? Switch tasks with task=<file> "
+            f"(conf/task/*.yaml, each with its own dataset_kwargs, e.g. task={name} if that file exists); "
+            f"task.name=... keeps the old kwargs and task.dataset_kwargs={{}} merges rather than "
+            f"replaces, so remove each with ~task.dataset_kwargs.<key>"
+        )
+
+
 def make_rg_dataset(name: str, size: int, seed: int, dataset_kwargs: dict[str, Any]):
     """``reasoning_gym.create_dataset`` with config errors turned into messages that say what to change."""
     import dataclasses
@@ -76,14 +104,14 @@ def make_rg_dataset(name: str, size: int, seed: int, dataset_kwargs: dict[str, A
     import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
-    check_generator(name)
+    check_dataset_kwargs(name, dataset_kwargs)
     try:
         return reasoning_gym.create_dataset(name, size=size, seed=seed, **dataset_kwargs)
     except (TypeError, AssertionError) as e:
         cfg_cls = DATASETS[name][1]
         valid = [f.name for f in dataclasses.fields(cfg_cls) if f.name not in ("size", "seed")]
         raise ValueError(
-            f"reasoning-gym rejected dataset_kwargs {dataset_kwargs} for {name!r}: {e or type(e).__name__}. "
+            f"reasoning-gym rejected task.dataset_kwargs {dataset_kwargs} for {name!r}: {e or type(e).__name__}. "
             f"Valid dataset_kwargs for {name}: {', '.join(valid)}"
         ) from e
 
@@ -136,7 +164,7 @@ def reasoning_gym_task(
         )
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"unknown prompt_format {prompt_format!r}; valid choices: {', '.join(PROMPT_FORMATS)}")
-    check_generator(name)
+    check_dataset_kwargs(name, kw)  # before any item is generated
     if prompt_format == "compact" and name not in COMPACT_FORMATS:
         raise ValueError(
             f"prompt_format 'compact' is not defined for generator {name!r}; it is defined for "

@@ -1,0 +1,135 @@
+"""Validation of the I/O-side config sections (``reward``, ``rollout``, ``task``), run by
+``grpo_lab.config.validate`` before any model or engine loads.
+
+``validate_rollout_reward_task(cfg, errors)`` appends one message per problem; each names the key
+and says what to change. Plug-ins named by import path (``reward.weights``, ``task.source``) are
+imported here, so an unimportable path fails in a second rather than after the warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _timeout(value: Any, key: str, errors: list[str], example: str) -> None:
+    if value is None:
+        return
+    if not _finite(value) or float(value) <= 0:
+        errors.append(f"{key}={value} must be a positive number of seconds (e.g. {key}={example}) or null "
+                      "for no limit")
+
+
+def _validate_reward(rw: Any, errors: list[str]) -> None:
+    from grpo_lab.rewards import resolve_reward
+
+    if not rw.weights:
+        errors.append("reward.weights is empty: name at least one reward, e.g. reward.weights={correctness_binary: 1.0} "
+                      "or reward=correctness")
+    for name, weight in rw.weights.items():
+        try:
+            resolve_reward(str(name))
+        except (ValueError, KeyError) as e:
+            errors.append(f"reward.weights[{name!r}]: {e}")
+        if not _finite(weight):
+            errors.append(f"reward.weights[{name!r}]={weight} must be a finite number")
+    _timeout(rw.timeout_s, "reward.timeout_s", errors, "60")
+    if not _finite(rw.on_error):
+        errors.append(f"reward.on_error={rw.on_error} must be a finite number (the reward a failed sample gets; "
+                      "default 0.0)")
+    if not (_finite(rw.max_error_frac) and 0.0 <= float(rw.max_error_frac) <= 1.0):
+        errors.append(f"reward.max_error_frac={rw.max_error_frac} must lie in [0, 1] (0 = any failed reward "
+                      "fails the run; 0.1 tolerates 10 % of a step's samples)")
+
+
+def _validate_rollout(r: Any, errors: list[str]) -> None:
+    _timeout(r.generate_timeout_s, "rollout.generate_timeout_s", errors, "600")
+    _timeout(r.sync_timeout_s, "rollout.sync_timeout_s", errors, "300")
+    if r.max_model_len < 2:
+        errors.append(f"rollout.max_model_len={r.max_model_len} must hold a prompt and its completion")
+    elif r.max_new_tokens >= r.max_model_len:
+        errors.append(f"rollout.max_new_tokens={r.max_new_tokens} leaves no room for the prompt within "
+                      f"rollout.max_model_len={r.max_model_len}: raise rollout.max_model_len (and the model's "
+                      "max_position_embeddings) or lower task.max_completion_tokens")
+
+
+def _validate_task(t: Any, errors: list[str]) -> None:
+    from grpo_lab.rewards.answers import ANSWER_FORMATS
+    from grpo_lab.tasks import resolve_task_source
+
+    try:
+        resolve_task_source(str(t.source))
+    except (ValueError, KeyError) as e:
+        errors.append(str(e) if str(e).startswith("task.source") else f"task.source: {e}")
+        return
+    if t.max_completion_tokens < 1:
+        errors.append(f"task.max_completion_tokens={t.max_completion_tokens} must be >= 1 (the longest answer "
+                      "the task needs, in tokens)")
+    if "{prompt}" not in str(t.prompt_template):
+        errors.append(f"task.prompt_template={t.prompt_template!r} must contain '{{prompt}}' (where the "
+                      "prompt goes), e.g. 'Question: {prompt}\\nAnswer:'")
+    if t.answer_format is not None and t.answer_format not in ANSWER_FORMATS:
+        errors.append(f"task.answer_format={t.answer_format!r}; valid choices: {', '.join(ANSWER_FORMATS)} "
+                      "or null (the source's default)")
+    # Built-in sources need all three splits: RL draws from train, the warm-up stops on dev
+    # accuracy, evaluation reads trainer.eval_split. An empty one used to fail only after the
+    # warm-up ("max() arg is an empty sequence").
+    if t.source in ("reasoning_gym", "local_dataset"):
+        if t.train_size is not None and t.train_size < 1:
+            errors.append(f"task.train_size={t.train_size} must be >= 1: RL prompts come from the train split")
+        for key in ("dev_size", "test_size"):
+            v = t[key]
+            if v is not None and v < 1:
+                errors.append(f"task.{key}={v} must be >= 1: the warm-up stops on dev accuracy and evaluation "
+                              f"reads the test split (e.g. task.{key}=200)")
+    if t.source == "reasoning_gym":
+        _validate_reasoning_gym(t, errors)
+    elif t.source == "local_dataset":
+        if not t.path:
+            errors.append("task.source=local_dataset needs task.path=/path/to/data.jsonl (or .parquet/.csv; a "
+                          "mapping {train: a.jsonl, test: b.jsonl} for pre-split data)")
+
+
+def _validate_reasoning_gym(t: Any, errors: list[str]) -> None:
+    from grpo_lab.tasks.reasoning_gym_source import (COMPACT_FORMATS, PROMPT_FORMATS, check_dataset_kwargs,
+                                                     check_seed_ranges)
+
+    if t.prompt_format not in PROMPT_FORMATS:
+        errors.append(f"task.prompt_format={t.prompt_format!r}; valid choices: {', '.join(PROMPT_FORMATS)}")
+    elif t.prompt_format == "compact" and t.name not in COMPACT_FORMATS:
+        errors.append(f"task.prompt_format=compact is not defined for task.name={t.name!r} (only for "
+                      f"{', '.join(sorted(COMPACT_FORMATS))}): set task.prompt_format=question")
+    kwargs = dict(t.dataset_kwargs or {})
+    clash = sorted({"size", "seed"} & set(kwargs))
+    if clash:
+        errors.append(f"task.dataset_kwargs must not set {clash}: use task.train_size/dev_size/test_size and "
+                      "task.train_seed/dev_seed/test_seed")
+    try:
+        check_dataset_kwargs(str(t.name), {k: v for k, v in kwargs.items() if k not in clash})
+    except ValueError as e:
+        msg = str(e)
+        errors.append(msg if msg.startswith("task.") else f"task.name: {msg}")
+    sizes = {s: int(t[f"{s}_size"] or 0) for s in ("train", "dev", "test")}
+    seeds = {s: int(t[f"{s}_seed"]) for s in ("train", "dev", "test")}
+    try:
+        check_seed_ranges({k: max(v, 0) for k, v in sizes.items()}, seeds)
+    except ValueError as e:
+        errors.append(f"task.*_seed: {e}")
+
+
+def validate_rollout_reward_task(cfg: Any, errors: list[str]) -> None:
+    """Append a message to ``errors`` for every bad value in ``cfg.reward``, ``cfg.rollout`` and
+    ``cfg.task``; cheap enough to run before anything loads (reasoning-gym's import is ~1 s)."""
+    _validate_reward(cfg.reward, errors)
+    _validate_rollout(cfg.rollout, errors)
+    _validate_task(cfg.task, errors)
+
+
+__all__ = ["validate_rollout_reward_task"]
