@@ -335,7 +335,7 @@ def check_registered(registry, name: str, key: str, errors: list[str]) -> bool:
         registry.get(name)
         return True
     except UnknownChoiceError as err:
-        if isinstance(name, str) and ":" in name:
+        if isinstance(name, str) and (":" in name or "." in name):  # a plug-in path: say why it failed
             errors.append(f"{key}: {err}")
         else:
             errors.append(f"{key}={name!r} is not registered; valid choices: {', '.join(sorted(registry.names()))}"
@@ -370,10 +370,10 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
 
     from grpo_lab.models import MODEL_BUILDERS
     from grpo_lab.objectives import OBJECTIVES
-    from grpo_lab.rewards import REWARDS
     from grpo_lab.rollout import ROLLOUT_ENGINES
+    from grpo_lab.validation_io import validate_rollout_reward_task
 
-    a, r, t, ln, task = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.learner, cfg.task
+    a, r, t, ln = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.learner
     errors: list[str] = []
 
     def registered(registry, name: str, key: str) -> bool:
@@ -391,8 +391,6 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
                "rollout.group_size_schedule values are group sizes and must be >= 1", errors)
     if registered(OBJECTIVES, a.objective, "algorithm.objective"):
         OBJECTIVES.get(a.objective).check(cfg, errors)   # the objective's own settings (and G it needs)
-    for name in cfg.reward.weights:
-        registered(REWARDS, name, f"reward.weights.{name}")
     _check(a.kl.coef >= 0.0, f"algorithm.kl.coef={a.kl.coef} must be >= 0 (0 = no reference model)", errors)
     _check(a.epochs >= 1 and a.minibatches >= 1,
            f"algorithm.epochs={a.epochs} and algorithm.minibatches={a.minibatches} must be >= 1", errors)
@@ -427,10 +425,6 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
     _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
     _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)
-    _check(r.max_model_len > r.max_new_tokens,
-           f"rollout.max_model_len={r.max_model_len} leaves no room for a prompt before rollout.max_new_tokens="
-           f"{r.max_new_tokens} completion tokens; raise rollout.max_model_len (at most the model's context) or "
-           "lower rollout.max_new_tokens", errors)
 
     _check(ln.lr > 0, f"learner.lr={ln.lr} must be > 0", errors)
     _check(ln.weight_decay >= 0, f"learner.weight_decay={ln.weight_decay} must be >= 0", errors)
@@ -452,11 +446,7 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
         _check(t.total_samples >= batch, f"trainer.total_samples={t.total_samples} is smaller than one step's "
                f"{batch} samples (prompts_per_step × group_size)", errors)
     _check(t.eval_every >= 0, f"trainer.eval_every={t.eval_every} must be >= 0 (0 = only before and after)", errors)
-    if _check(t.eval_split in ("dev", "test"), f"trainer.eval_split={t.eval_split!r}; valid choices: dev, test",
-              errors):
-        size = task[f"{t.eval_split}_size"]
-        _check(size >= 1, f"task.{t.eval_split}_size={size}: the held-out evaluation (trainer.eval_split="
-               f"{t.eval_split}) needs at least 1 item; raise task.{t.eval_split}_size", errors)
+    _check(t.eval_split in ("dev", "test"), f"trainer.eval_split={t.eval_split!r}; valid choices: dev, test", errors)
     _check(t.checkpoint_every >= 0, f"trainer.checkpoint_every={t.checkpoint_every} must be >= 0 (0 = only the "
            "final policy)", errors)
     _check(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1", errors)
@@ -474,9 +464,9 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     if cfg.warmup.max_steps > 0:
         _check(cfg.warmup.lr > 0 and cfg.warmup.batch_size >= 1 and cfg.warmup.eval_every >= 1,
                "warmup.lr must be > 0, warmup.batch_size and warmup.eval_every >= 1 (or warmup.max_steps=0)", errors)
-        _check(task.dev_size >= 1, f"task.dev_size={task.dev_size}: the warm-up's stopping rule evaluates on the "
-               "dev split; raise task.dev_size or set warmup.max_steps=0", errors)
-    _check(task.train_size >= 1, f"task.train_size={task.train_size} must be >= 1", errors)
+    # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
+    # task splits and the task source's own settings
+    validate_rollout_reward_task(cfg, errors)
 
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

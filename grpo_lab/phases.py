@@ -18,7 +18,7 @@ import torch
 
 from grpo_lab.algos import ema_reward_normalize, group_stats, informative_group_mask, soft_overlong_penalty
 from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
-from grpo_lab.rewards import compute_rewards, is_correct
+from grpo_lab.rewards import compute_rewards, contained_settings, is_correct
 from grpo_lab.rollout import Rollout
 
 
@@ -78,12 +78,16 @@ def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: in
 
 
 def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new_tokens: int) -> tuple[ScoredRollout, dict]:
-    """Weighted sum of the registered reward functions, plus DAPO's soft overlong punishment."""
+    """Weighted sum of the registered reward functions (each sample contained: a function that raises,
+    returns NaN or times out scores `reward.on_error` and is counted), plus DAPO's soft overlong punishment."""
     seq_items = [items[g] for g in rollout.group_ids]
-    total, per_fn = compute_rewards(rollout.texts, seq_items, list(reward_cfg.weights.items()))
+    result = compute_rewards(rollout.texts, seq_items, list(reward_cfg.weights.items()),
+                             **contained_settings(reward_cfg))
+    total, per_fn = result
     rewards = torch.tensor(total, dtype=torch.float32)
     correct = torch.tensor([float(is_correct(t, it)) for t, it in zip(rollout.texts, seq_items)])
     metrics = {f"reward/{name}": float(sum(v) / max(len(v), 1)) for name, v in per_fn.items()}
+    metrics.update(result.metrics)
     if algo_cfg.overlong.soft_buffer > 0:
         lengths = torch.tensor([len(c) for c in rollout.completion_ids])
         penalty = soft_overlong_penalty(lengths, max_len=max_new_tokens, buffer_len=algo_cfg.overlong.soft_buffer,
@@ -134,8 +138,11 @@ class GroupSampler:
         rollout = rollout_phase(self.engine, self.tokenizer, items, self.cfg.rollout,
                                 group_size=self.group_size, seed=self.seed * 1_000_003 + self.calls * 10_007)
         t1 = time.time()
-        scored, self.reward_metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
-                                                   max_new_tokens=self.cfg.rollout.max_new_tokens)
+        scored, metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
+                                       max_new_tokens=self.cfg.rollout.max_new_tokens)
+        for key in ("reward/errors", "reward/timeouts"):  # counts add up over dynamic-sampling rounds
+            metrics[key] = metrics.get(key, 0.0) + self.reward_metrics.get(key, 0.0)
+        self.reward_metrics = metrics
         self.timings["rollout"] += t1 - t0
         self.timings["reward"] += time.time() - t1
         return scored

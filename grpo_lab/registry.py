@@ -14,7 +14,8 @@ Two things live on an entry besides its function:
   names. A new setting therefore touches the schema, the YAML and the one function that reads it,
   never the call site or the other entries.
 
-**Plug-ins by import path**: a name of the form ``"package.module:attribute"`` is not looked up in
+**Plug-ins by import path**: a name of the form ``"package.module:attribute"`` (or
+``"package.module.attribute"``, which Hydra's command line takes without escaping) is not looked up in
 the entries but imported on first use (and then remembered under that name, with the registry's
 default facts), so a user's reward function, task source or model builder works from config without
 editing the lab: ``reward.weights={my_lab.rewards:length_bonus: 0.1}``. The module must be importable
@@ -107,7 +108,7 @@ class Registry:
             return self._entries[name]
         except (KeyError, TypeError):  # TypeError: unhashable name from a bad config
             pass
-        if isinstance(name, str) and ":" in name:
+        if isinstance(name, str) and (":" in name or "." in name):  # registered names have neither
             return self._import(name)
         raise UnknownChoiceError(
             f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())} "
@@ -115,20 +116,31 @@ class Registry:
         )
 
     def _import(self, path: str) -> Callable[..., Any]:
-        module_name, _, attr = path.partition(":")
+        # "pkg.mod:attr" or "pkg.mod.attr" (Hydra's command line needs `:` escaped inside dict keys).
+        module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+        if not module_name or not attr:
+            raise UnknownChoiceError(f"{self.kind} {path!r} is neither registered nor an import path; "
+                                     "write a plug-in as 'package.module:function'")
         try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
+            obj: Any = importlib.import_module(module_name)
+        except Exception as err:  # ModuleNotFoundError, or the module itself failing on import
             raise UnknownChoiceError(
-                f"{self.kind} plug-in {path!r} cannot be imported ({type(err).__name__}: {err}); give "
-                "'package.module:function' with the module installed or on PYTHONPATH in every process "
-                "that runs the job"
+                f"{self.kind} plug-in {path!r}: cannot import module {module_name!r} ({type(err).__name__}: "
+                f"{err}); make the package importable in every process that runs the job (pip install -e it, "
+                "or put its directory on PYTHONPATH; the launch directory is searched too), or fix the path"
             ) from None
-        if not callable(fn):
-            raise UnknownChoiceError(f"{self.kind} plug-in {path!r} is a {type(fn).__name__}, not a callable")
-        self._entries[path] = fn
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                public = sorted(n for n in dir(obj) if not n.startswith("_"))[:20]
+                raise UnknownChoiceError(f"{self.kind} plug-in {path!r}: module {module_name!r} has no attribute "
+                                         f"{attr!r}; it defines: {', '.join(public)}")
+            obj = getattr(obj, part)
+        if not callable(obj):
+            raise UnknownChoiceError(f"{self.kind} plug-in {path!r} is a {type(obj).__name__}, not a callable "
+                                     f"{self.kind}")
+        self._entries[path] = obj
         self._facts[path] = dict(self.defaults)
-        return fn
+        return obj
 
     def fact(self, name: str, key: str) -> Any:
         """A fact about the entry ``name`` (its registration's value, else the registry's default)."""

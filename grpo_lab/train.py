@@ -34,17 +34,11 @@ from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.phases import RewardNormalizer, collect_phase, evaluate, group_size_at, rollout_metrics, to_learner_batch
 from grpo_lab.rollout import make_engine
-from grpo_lab.tasks import TASKS
+from grpo_lab.tasks import build_task
 
 
 class NonFiniteError(RuntimeError):
     """The run produced NaN/inf values it cannot recover from; no checkpoint is written over them."""
-
-
-def build_task(cfg: DictConfig):
-    fields = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if v is not None}
-    fields.pop("max_completion_tokens")
-    return TASKS.call(fields.pop("source"), **fields)
 
 
 def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dict]:
@@ -107,7 +101,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
     torch.manual_seed(cfg.seed)
     set_cpu_threads(cfg.learner.num_threads)
     device = resolve_device(cfg.learner.device)
-    task = build_task(cfg)
+    task = build_task(cfg.task)
     policy_dir, warm = build_policy(cfg, task, device)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
     check_context(cfg, task, tokenizer)

@@ -28,16 +28,14 @@ def _timeout(value: Any, key: str, errors: list[str], example: str) -> None:
 
 
 def _validate_reward(rw: Any, errors: list[str]) -> None:
-    from grpo_lab.rewards import resolve_reward
+    from grpo_lab.config import check_registered
+    from grpo_lab.rewards import REWARDS
 
     if not rw.weights:
         errors.append("reward.weights is empty: name at least one reward, e.g. reward.weights={correctness_binary: 1.0} "
                       "or reward=correctness")
     for name, weight in rw.weights.items():
-        try:
-            resolve_reward(str(name))
-        except (ValueError, KeyError) as e:
-            errors.append(f"reward.weights[{name!r}]: {e}")
+        check_registered(REWARDS, str(name), f"reward.weights.{name}", errors)
         if not _finite(weight):
             errors.append(f"reward.weights[{name!r}]={weight} must be a finite number")
     _timeout(rw.timeout_s, "reward.timeout_s", errors, "60")
@@ -61,13 +59,11 @@ def _validate_rollout(r: Any, errors: list[str]) -> None:
 
 
 def _validate_task(t: Any, errors: list[str]) -> None:
+    from grpo_lab.config import check_registered
     from grpo_lab.rewards.answers import ANSWER_FORMATS
-    from grpo_lab.tasks import resolve_task_source
+    from grpo_lab.tasks import TASKS
 
-    try:
-        resolve_task_source(str(t.source))
-    except (ValueError, KeyError) as e:
-        errors.append(str(e) if str(e).startswith("task.source") else f"task.source: {e}")
+    if not check_registered(TASKS, str(t.source), "task.source", errors):
         return
     if t.max_completion_tokens < 1:
         errors.append(f"task.max_completion_tokens={t.max_completion_tokens} must be >= 1 (the longest answer "
@@ -78,50 +74,20 @@ def _validate_task(t: Any, errors: list[str]) -> None:
     if t.answer_format is not None and t.answer_format not in ANSWER_FORMATS:
         errors.append(f"task.answer_format={t.answer_format!r}; valid choices: {', '.join(ANSWER_FORMATS)} "
                       "or null (the source's default)")
-    # Built-in sources need all three splits: RL draws from train, the warm-up stops on dev
-    # accuracy, evaluation reads trainer.eval_split. An empty one used to fail only after the
-    # warm-up ("max() arg is an empty sequence").
-    if t.source in ("reasoning_gym", "local_dataset"):
-        if t.train_size is not None and t.train_size < 1:
-            errors.append(f"task.train_size={t.train_size} must be >= 1: RL prompts come from the train split")
-        for key in ("dev_size", "test_size"):
-            v = t[key]
-            if v is not None and v < 1:
-                errors.append(f"task.{key}={v} must be >= 1: the warm-up stops on dev accuracy and evaluation "
-                              f"reads the test split (e.g. task.{key}=200)")
-    if t.source == "reasoning_gym":
-        _validate_reasoning_gym(t, errors)
-    elif t.source == "local_dataset":
-        if not t.path:
-            errors.append("task.source=local_dataset needs task.path=/path/to/data.jsonl (or .parquet/.csv; a "
-                          "mapping {train: a.jsonl, test: b.jsonl} for pre-split data)")
-
-
-def _validate_reasoning_gym(t: Any, errors: list[str]) -> None:
-    from grpo_lab.tasks.reasoning_gym_source import (COMPACT_FORMATS, PROMPT_FORMATS, check_dataset_kwargs,
-                                                     check_seed_ranges)
-
-    if t.prompt_format not in PROMPT_FORMATS:
-        errors.append(f"task.prompt_format={t.prompt_format!r}; valid choices: {', '.join(PROMPT_FORMATS)}")
-    elif t.prompt_format == "compact" and t.name not in COMPACT_FORMATS:
-        errors.append(f"task.prompt_format=compact is not defined for task.name={t.name!r} (only for "
-                      f"{', '.join(sorted(COMPACT_FORMATS))}): set task.prompt_format=question")
-    kwargs = dict(t.dataset_kwargs or {})
-    clash = sorted({"size", "seed"} & set(kwargs))
-    if clash:
-        errors.append(f"task.dataset_kwargs must not set {clash}: use task.train_size/dev_size/test_size and "
-                      "task.train_seed/dev_seed/test_seed")
-    try:
-        check_dataset_kwargs(str(t.name), {k: v for k, v in kwargs.items() if k not in clash})
-    except ValueError as e:
-        msg = str(e)
-        errors.append(msg if msg.startswith("task.") else f"task.name: {msg}")
-    sizes = {s: int(t[f"{s}_size"] or 0) for s in ("train", "dev", "test")}
-    seeds = {s: int(t[f"{s}_seed"]) for s in ("train", "dev", "test")}
-    try:
-        check_seed_ranges({k: max(v, 0) for k, v in sizes.items()}, seeds)
-    except ValueError as e:
-        errors.append(f"task.*_seed: {e}")
+    # Every split must hold an item: RL draws from train, the warm-up stops on dev accuracy,
+    # evaluation reads trainer.eval_split. An empty one used to fail only after the warm-up
+    # ("max() arg is an empty sequence").
+    if t.train_size is not None and t.train_size < 1:
+        errors.append(f"task.train_size={t.train_size} must be >= 1: RL prompts come from the train split")
+    for key in ("dev_size", "test_size"):
+        v = t[key]
+        if v is not None and v < 1:
+            errors.append(f"task.{key}={v} must be >= 1: the warm-up stops on dev accuracy and evaluation "
+                          f"reads the test split (e.g. task.{key}=200)")
+    # The source's own settings: a fact on its TASKS entry (`check`), not a list of names here.
+    check = TASKS.fact(str(t.source), "check")
+    if check is not None:
+        check(t, errors)
 
 
 def validate_rollout_reward_task(cfg: Any, errors: list[str]) -> None:

@@ -87,9 +87,10 @@ def test_call_passes_each_function_only_the_settings_it_names():
 def test_plug_ins_by_import_path():
     reg = Registry("widget", defaults={"min_group_size": 1})
     assert "os.path:join" in reg and reg.get("os.path:join")("a", "b") == "a/b"
+    assert reg.get("os.path.join") is reg.get("os.path:join")          # both spellings
     assert reg.fact("os.path:join", "min_group_size") == 1
     assert "no_such_module_xyz:f" not in reg
-    with pytest.raises(UnknownChoiceError, match="cannot be imported .*ModuleNotFoundError"):
+    with pytest.raises(UnknownChoiceError, match="cannot import module .no_such_module_xyz. .ModuleNotFoundError"):
         reg.get("no_such_module_xyz:f")
     with pytest.raises(UnknownChoiceError, match="not a callable"):
         reg.get("os:sep")

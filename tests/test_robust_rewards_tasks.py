@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 
 import grpo_lab.train  # noqa: F401  registers the schema and the run-name resolver
 from grpo_lab.config import finalize
-from grpo_lab.rewards import RewardError, compute_rewards, resolve_reward
+from grpo_lab.rewards import REWARDS, RewardError, compute_rewards
 from grpo_lab.tasks import TASKS, TaskItem, build_task
 from grpo_lab.validation_io import validate_rollout_reward_task
 
@@ -98,12 +98,12 @@ def test_plugin_reward_by_import_path():
 @pytest.mark.parametrize("name, match", [
     ("no_such_pkg.rewards:fn", "cannot import module 'no_such_pkg.rewards'"),
     ("robust_plugins:nope", "has no attribute 'nope'"),
-    ("robust_plugins:NOT_CALLABLE", "not a callable reward function"),
+    ("robust_plugins:NOT_CALLABLE", "not a callable reward"),
     ("corectness", "valid choices: .*correctness.*package.module:function"),
 ])
 def test_bad_reward_names_say_what_to_fix(name, match):
     with pytest.raises(ValueError, match=match):
-        resolve_reward(name)
+        REWARDS.get(name)
 
 
 def test_plugin_reward_and_task_through_hydra_overrides():
@@ -120,7 +120,7 @@ def test_plugin_reward_and_task_through_hydra_overrides():
 
 def test_unimportable_plugins_fail_validation():
     errs = errors_of(["+reward.weights={nope_pkg.f: 1.0}", "task.source=nope_pkg.tasks:make"])
-    assert any(e.startswith("reward.weights['nope_pkg.f']") and "cannot import module 'nope_pkg'" in e for e in errs)
+    assert any(e.startswith("reward.weights.nope_pkg.f") and "cannot import module 'nope_pkg'" in e for e in errs)
     assert any(e.startswith("task.source") and "cannot import module 'nope_pkg.tasks'" in e for e in errs)
 
 

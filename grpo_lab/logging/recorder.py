@@ -125,6 +125,8 @@ def _summary(status: str, error: BaseException | None, cfg: DictConfig, override
     return {"status": status,
             "error": None if error is None else f"{type(error).__name__}: {error}",
             "traceback": None if error is None else "".join(traceback.format_exception(error))[-4000:],
+            # The rollout engine's own log of its failure (its processes' ERROR lines), when it died.
+            "engine_error": getattr(error, "engine_error", None) or None,
             "run_name": cfg.run_name, "overrides": overrides, **fields}
 
 

@@ -3,16 +3,16 @@
 Public API::
 
     REWARDS: Registry("reward")  correctness | correctness_binary | math_verify | format
+             (or a plug-in "package.module:function", imported on first use by the registry)
     compute_rewards(completions, items, specs, *, timeout_s, on_error, max_error_frac)
         -> RewardResult: unpacks as (total, per_reward); .metrics counts failures
-    resolve_reward(name): a registered name or a plug-in "package.module:function"
     is_correct(completion, item) -> bool
     extract_answer(completion, fmt) / format_solution(answer, fmt, worked)   (answer formats)
 """
 
 from .answers import ANSWER_FORMATS, extract_answer, format_solution
 from .core import (REWARDS, RewardError, RewardResult, RewardTimeout, compute_rewards, contained_settings, is_correct,
-                   resolve_reward, reward_fields)
+                   reward_fields)
 
 __all__ = [
     "ANSWER_FORMATS",
@@ -22,7 +22,6 @@ __all__ = [
     "RewardTimeout",
     "compute_rewards",
     "contained_settings",
-    "resolve_reward",
     "extract_answer",
     "format_solution",
     "is_correct",

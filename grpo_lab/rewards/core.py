@@ -34,10 +34,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_lab.registry import Registry, UnknownChoiceError
+from grpo_lab.registry import Registry
 
 from .answers import extract_answer
-from .plugin import import_object, is_import_path
 
 log = logging.getLogger(__name__)
 
@@ -252,19 +251,6 @@ def _deadline(timeout_s: float | None):
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
 
 
-def resolve_reward(name: str) -> Any:
-    """The reward function ``name``: a registered one, or a plug-in ``"package.module:function"``
-    (imported on demand, see grpo_lab.rewards.plugin). Unknown names list the valid choices."""
-    if is_import_path(name):
-        return import_object(name, key=f"reward.weights[{name!r}]", what="reward function")
-    try:
-        return REWARDS.get(name)
-    except UnknownChoiceError as e:
-        raise UnknownChoiceError(
-            f"{e} (reward.weights key); or name your own function as 'package.module:function', "
-            "e.g. reward.weights={\"my_pkg.rewards:length_penalty\": 0.5}") from None
-
-
 def _short(x: Any, n: int = 80) -> str:
     r = repr(x)
     return r if len(r) <= n else r[: n - 3] + "..."
@@ -305,7 +291,7 @@ def compute_rewards(
     dup = sorted({x for x in names if names.count(x) > 1})
     if dup:
         raise ValueError(f"rewards listed more than once: {dup}; give each reward one weight")
-    fns = {name: resolve_reward(name) for name in names}
+    fns = {name: REWARDS.get(name) for name in names}  # registered, or a plug-in 'package.module:function'
     fields = reward_fields(items)
     completions = list(completions)
     failed: dict[int, str] = {}  # sample -> first failure, for the message

@@ -55,12 +55,13 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     from grpo_lab.evaluation import evaluate
     from grpo_lab.learner.learner import resolve_device, set_cpu_threads
     from grpo_lab.learner.sft import SFTProgress, sft_loop, shared_weights_engine
-    from grpo_lab.train import build_policy, build_task
+    from grpo_lab.tasks import build_task
+    from grpo_lab.train import build_policy
 
     torch.manual_seed(cfg.seed)
     set_cpu_threads(cfg.learner.num_threads)  # the same compute the RL learner gets
     device = resolve_device(cfg.learner.device)
-    task = build_task(cfg)
+    task = build_task(cfg.task)
     policy_dir, warm = build_policy(cfg, task, device)
     tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
     model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32).to(device)

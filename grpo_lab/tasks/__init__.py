@@ -13,7 +13,7 @@ Public API::
 
 from . import local_dataset as _local_dataset  # noqa: F401  (registers "local_dataset")
 from . import reasoning_gym_source as _reasoning_gym_source  # noqa: F401  (registers "reasoning_gym")
-from .base import SPLITS, TASKS, Task, TaskItem, build_task, resolve_task_source
+from .base import SPLITS, TASKS, Task, TaskItem, build_task
 from .reasoning_gym_source import COMPACT_FORMATS
 
-__all__ = ["COMPACT_FORMATS", "SPLITS", "TASKS", "Task", "TaskItem", "build_task", "resolve_task_source"]
+__all__ = ["COMPACT_FORMATS", "SPLITS", "TASKS", "Task", "TaskItem", "build_task"]

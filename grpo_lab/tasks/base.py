@@ -13,7 +13,8 @@ from grpo_lab.registry import Registry
 
 log = logging.getLogger(__name__)
 
-TASKS = Registry("task source")
+# Fact: `check(task_cfg, errors)` validates the source's own settings before anything loads (None = none).
+TASKS = Registry("task source", defaults={"check": None})
 
 SPLITS = ("train", "dev", "test")
 
@@ -87,38 +88,20 @@ def remove_train_overlap(splits: dict[str, list[TaskItem]], task_name: str) -> d
     return {"train_removed_overlap": removed, "dev_test_overlap": dev_test}
 
 
-def resolve_task_source(source: str) -> Any:
-    """The task factory ``source``: a registered one (``TASKS``) or a plug-in
-    ``"package.module:function"`` returning a :class:`Task` (grpo_lab.rewards.plugin)."""
-    from grpo_lab.registry import UnknownChoiceError
-    from grpo_lab.rewards.plugin import import_object, is_import_path
-
-    if is_import_path(source):
-        return import_object(source, key="task.source", what="task factory")
-    try:
-        return TASKS.get(source)
-    except UnknownChoiceError as e:
-        raise UnknownChoiceError(f"task.source: {e}; or name your own factory as 'package.module:function' "
-                                 "(it receives the task.* settings its signature names and returns a "
-                                 "grpo_lab.tasks.Task)") from None
-
-
 def build_task(task_cfg: Any) -> Task:
     """The Task a ``task`` config section describes (all sources, plug-ins included).
 
     Every set (non-null) field except ``source`` and ``max_completion_tokens`` is offered to the
     factory, which receives the ones its signature names (all of them if it takes ``**kwargs``).
     """
-    from grpo_lab.registry import call_with_known_kwargs
-
     if hasattr(task_cfg, "_metadata"):  # a DictConfig
         from omegaconf import OmegaConf
 
         task_cfg = OmegaConf.to_container(task_cfg, resolve=True)
     fields = {k: v for k, v in dict(task_cfg).items() if v is not None}
     fields.pop("max_completion_tokens", None)
-    factory = resolve_task_source(fields.pop("source", "reasoning_gym"))
-    task = call_with_known_kwargs(factory, **fields)
+    # A registered source or a plug-in factory "package.module:function" (grpo_lab.registry).
+    task = TASKS.call(fields.pop("source", "reasoning_gym"), **fields)
     if not isinstance(task, Task):
         raise TypeError(f"task.source factory returned {type(task).__name__}, not a grpo_lab.tasks.Task")
     return task

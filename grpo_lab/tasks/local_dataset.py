@@ -109,7 +109,14 @@ def load_source(path: str | Mapping[str, str]) -> dict[str, Any]:
         ) from e
 
 
-@TASKS.register("local_dataset")
+def check_local_dataset(t: Any, errors: list[str]) -> None:
+    """task.source=local_dataset settings."""
+    if not t.path and not t.splits:
+        errors.append("task.source=local_dataset needs task.path=/path/to/data.jsonl (or .parquet/.csv; a "
+                      "mapping task.splits={train: a.jsonl, test: b.jsonl} for pre-split data)")
+
+
+@TASKS.register("local_dataset", check=check_local_dataset)
 def local_dataset_task(
     *,
     path: str | Mapping[str, str],

@@ -132,7 +132,32 @@ def check_seed_ranges(sizes: dict[str, int], seeds: dict[str, int]) -> None:
                 )
 
 
-@TASKS.register("reasoning_gym")
+def check_reasoning_gym(t: Any, errors: list[str]) -> None:
+    """task.source=reasoning_gym settings: prompt format, generator kwargs, non-overlapping seed ranges."""
+    if t.prompt_format not in PROMPT_FORMATS:
+        errors.append(f"task.prompt_format={t.prompt_format!r}; valid choices: {', '.join(PROMPT_FORMATS)}")
+    elif t.prompt_format == "compact" and t.name not in COMPACT_FORMATS:
+        errors.append(f"task.prompt_format=compact is not defined for task.name={t.name!r} (only for "
+                      f"{', '.join(sorted(COMPACT_FORMATS))}): set task.prompt_format=question")
+    kwargs = dict(t.dataset_kwargs or {})
+    clash = sorted({"size", "seed"} & set(kwargs))
+    if clash:
+        errors.append(f"task.dataset_kwargs must not set {clash}: use task.train_size/dev_size/test_size and "
+                      "task.train_seed/dev_seed/test_seed")
+    try:
+        check_dataset_kwargs(str(t.name), {k: v for k, v in kwargs.items() if k not in clash})
+    except ValueError as e:
+        msg = str(e)
+        errors.append(msg if msg.startswith("task.") else f"task.name: {msg}")
+    sizes = {s: int(t[f"{s}_size"] or 0) for s in ("train", "dev", "test")}
+    seeds = {s: int(t[f"{s}_seed"]) for s in ("train", "dev", "test")}
+    try:
+        check_seed_ranges({k: max(v, 0) for k, v in sizes.items()}, seeds)
+    except ValueError as e:
+        errors.append(f"task.*_seed: {e}")
+
+
+@TASKS.register("reasoning_gym", check=check_reasoning_gym)
 def reasoning_gym_task(
     *,
     name: str,
