@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-import grpo_lab.train  # noqa: F401  registers the schema and the run-name resolver
-from grpo_lab.config import finalize
+from grpo_lab.config import finalize, register_configs
 from grpo_lab.rewards import REWARDS, RewardError, compute_rewards
 from grpo_lab.tasks import TASKS, TaskItem, build_task
 from grpo_lab.validation_io import validate_rollout_reward_task
+
+register_configs()  # what every entry point does before Hydra composes
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 ITEM = TaskItem("1+1=", "2", "2", {"answer_format": "plain"})
