@@ -198,7 +198,9 @@ class RolloutConfig:
     # G: completions sampled per prompt.
     group_size: int = 8
     # Optional schedule {start_step: G} overriding group_size from each start step on (null = fixed G).
-    group_size_schedule: Optional[Dict[int, int]] = None
+    # Untyped on purpose: OmegaConf cannot merge a command-line dict ({1:4,50:8}) into a null typed
+    # Dict node, nor add keys to a struct one; validate() checks keys and values instead.
+    group_size_schedule: Optional[Any] = None
     # Sampling temperature for training rollouts (evaluation is greedy).
     temperature: float = 1.0
     # Nucleus sampling threshold for training rollouts (1.0 = off).
@@ -384,11 +386,13 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
         errors.append(f"{bad} is not a finite number; set it to a finite value")
 
     _check(r.group_size >= 1, f"rollout.group_size={r.group_size} must be >= 1", errors)
-    if r.group_size_schedule:
-        _check(all(int(k) >= 1 for k in r.group_size_schedule),
-               "rollout.group_size_schedule keys are start steps and must be >= 1", errors)
-        _check(all(int(g) >= 1 for g in r.group_size_schedule.values()),
-               "rollout.group_size_schedule values are group sizes and must be >= 1", errors)
+    if r.group_size_schedule is not None:
+        schedule = r.group_size_schedule
+        ok = OmegaConf.is_dict(schedule) and all(isinstance(k, int) and isinstance(v, int)
+                                                 for k, v in schedule.items())
+        _check(ok and all(k >= 1 and v >= 1 for k, v in schedule.items()),
+               f"rollout.group_size_schedule={schedule} must map start steps >= 1 to group sizes >= 1, e.g. "
+               "rollout.group_size_schedule={1:4,50:8} (or null for a fixed rollout.group_size)", errors)
     if registered(OBJECTIVES, a.objective, "algorithm.objective"):
         OBJECTIVES.get(a.objective).check(cfg, errors)   # the objective's own settings (and G it needs)
     _check(a.kl.coef >= 0.0, f"algorithm.kl.coef={a.kl.coef} must be >= 0 (0 = no reference model)", errors)
@@ -440,11 +444,12 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     batch = t.prompts_per_step * r.group_size
     _check(t.prompts_per_step >= 1, "trainer.prompts_per_step must be >= 1", errors)
     _check(a.minibatches <= max(batch, 1),
-           f"algorithm.minibatches={a.minibatches} exceeds the {batch} sequences per step", errors)
+           f"algorithm.minibatches={a.minibatches} exceeds the {batch} sequences per step; lower "
+           "algorithm.minibatches or raise trainer.prompts_per_step", errors)
     _check(t.total_steps >= 0, "trainer.total_steps must be >= 0", errors)
     if t.total_samples is not None:
         _check(t.total_samples >= batch, f"trainer.total_samples={t.total_samples} is smaller than one step's "
-               f"{batch} samples (prompts_per_step × group_size)", errors)
+               f"{batch} samples (prompts_per_step × group_size); raise trainer.total_samples or set it to null", errors)
     _check(t.eval_every >= 0, f"trainer.eval_every={t.eval_every} must be >= 0 (0 = only before and after)", errors)
     _check(t.eval_split in ("dev", "test"), f"trainer.eval_split={t.eval_split!r}; valid choices: dev, test", errors)
     _check(t.checkpoint_every >= 0, f"trainer.checkpoint_every={t.checkpoint_every} must be >= 0 (0 = only the "

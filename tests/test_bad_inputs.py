@@ -1,0 +1,120 @@
+"""The bad-input catalogue (issue 8): every value that cannot work fails in `validate()`, which the
+entry point runs before any model, tokenizer or engine loads, with a message that names the key to
+change and says how. One row per case: (overrides, the key the message must name)."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from grpo_lab.config import ConfigError, finalize, register_configs, validate
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+register_configs()
+
+# Words with which a message says what to do about the value (a range, the choices, the fix).
+ADVICE = ("must", "valid choices", "set ", "raise", "give", "needs", "lower", "use ", "or null")
+
+CATALOGUE = [
+    (['rollout.group_size=0'], 'rollout.group_size'),
+    (['rollout.group_size=1'], 'rollout.group_size'),
+    (['algorithm.clip_low=1.5'], 'algorithm.clip_low'),
+    (['algorithm.clip_high=0'], 'algorithm.clip_high'),
+    (['algorithm.dual_clip=0.5'], 'algorithm.dual_clip'),
+    (['algorithm.tis_cap=0.5'], 'algorithm.tis_cap'),
+    (['algorithm.kl.coef=-1'], 'algorithm.kl.coef'),
+    (['algorithm.kl.placement=middle'], 'algorithm.kl.placement'),
+    (['algorithm.kl.estimator=k4'], 'algorithm.kl.estimator'),
+    (['algorithm.advantage=zscore'], 'algorithm.advantage'),
+    (['algorithm.policy_loss=ppo'], 'algorithm.policy_loss'),
+    (['algorithm.aggregation=mean'], 'algorithm.aggregation'),
+    (['algorithm.advantage=gae'], 'algorithm.advantage'),
+    (['algorithm.epochs=0'], 'algorithm.epochs'),
+    (['algorithm.minibatches=10000'], 'algorithm.minibatches'),
+    (['algorithm.entropy_coef=-0.1'], 'algorithm.entropy_coef'),
+    (['algorithm.reward_ema_decay=1.5'], 'algorithm.reward_ema_decay'),
+    (['algorithm.overlong.soft_buffer=-1'], 'algorithm.overlong.soft_buffer'),
+    (['algorithm.overlong.soft_buffer=100'], 'algorithm.overlong.soft_buffer'),
+    (['algorithm.dynamic_sampling.max_rounds=0'], 'algorithm.dynamic_sampling.max_rounds'),
+    (['algorithm.objective=sft'], 'algorithm.objective'),
+    (['algorithm=dpo', 'algorithm.preference.loss=kto'], 'algorithm.preference.loss'),
+    (['algorithm=dpo', 'algorithm.preference.pairing=random'], 'algorithm.preference.pairing'),
+    (['algorithm=dpo', 'algorithm.preference.beta=0'], 'algorithm.preference.beta'),
+    (['algorithm=dpo', 'algorithm.preference.pairs=/nonexistent/pairs.jsonl'], 'algorithm.preference.pairs'),
+    (['algorithm=dpo', 'rollout.group_size=1'], 'rollout.group_size'),
+    (['algorithm.gamma=1.5'], 'algorithm.gamma'),
+    (['algorithm.critic.lr=0'], 'algorithm.critic.lr'),
+    (['learner.lr=0'], 'learner.lr'),
+    (['learner.lr=nan'], 'learner.lr'),
+    (['learner.lr=inf'], 'learner.lr'),
+    (['reward.weights.correctness_binary=nan'], 'reward.weights.correctness_binary'),
+    (['learner.micro_batch_size=0'], 'learner.micro_batch_size'),
+    (['learner.device=tpu'], 'learner.device'),
+    (['learner.num_threads=0'], 'learner.num_threads'),
+    (['learner.grad_clip=-1'], 'learner.grad_clip'),
+    (['learner.weight_decay=-0.1'], 'learner.weight_decay'),
+    (['rollout.temperature=0'], 'rollout.temperature'),
+    (['rollout.top_p=0'], 'rollout.top_p'),
+    (['rollout.gpu_memory_utilization=0'], 'rollout.gpu_memory_utilization'),
+    (['rollout.max_new_tokens=0'], 'rollout.max_new_tokens'),
+    (['rollout.max_new_tokens=300'], 'rollout.max_new_tokens'),
+    (['rollout.engine=sglang'], 'rollout.engine'),
+    (['rollout.group_size_schedule={0:4}'], 'rollout.group_size_schedule'),
+    (['trainer.prompts_per_step=0'], 'trainer.prompts_per_step'),
+    (['trainer.total_steps=-1'], 'trainer.total_steps'),
+    (['trainer.total_samples=10'], 'trainer.total_samples'),
+    (['trainer.eval_split=train'], 'trainer.eval_split'),
+    (['trainer.eval_every=-1'], 'trainer.eval_every'),
+    (['trainer.checkpoint_every=-1'], 'trainer.checkpoint_every'),
+    (['trainer.keep_checkpoints=0'], 'trainer.keep_checkpoints'),
+    (['trainer.max_bad_steps=-1'], 'trainer.max_bad_steps'),
+    (['trainer.resume=/nonexistent/ckpt'], 'trainer.resume'),
+    (['task.test_size=0'], 'task.test_size'),
+    (['task.dev_size=0'], 'task.dev_size'),
+    (['task.train_size=0'], 'task.train_size'),
+    (['task.name=no_such_generator'], 'task.name'),
+    (['task.source=nope'], 'task.source'),
+    (['task.prompt_format=essay'], 'task.prompt_format'),
+    (['model=pretrained'], 'model.path'),
+    (['model.builder=gpt5'], 'model.builder'),
+    (['logger.backend=tensorboard'], 'logger.backend'),
+    (['warmup.target_sampled_dev_accuracy=2'], 'warmup.target_sampled_dev_accuracy'),
+    (['warmup.max_steps=-5'], 'warmup.max_steps'),
+    (['+reward.weights.nope=1'], 'reward.weights.nope'),
+    (['reward.timeout_s=0'], 'reward.timeout_s'),
+    (['reward.max_error_frac=2'], 'reward.max_error_frac'),
+    (['task.source=local_dataset'], 'task.source'),
+    (['rollout.generate_timeout_s=-1'], 'rollout.generate_timeout_s'),
+]
+
+
+def compose_cfg(overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return finalize(compose("config", overrides=list(overrides)))
+
+
+def test_the_catalogue_is_large_enough():
+    assert len(CATALOGUE) >= 40
+
+
+@pytest.mark.parametrize("overrides,key", CATALOGUE, ids=[" ".join(o) for o, _ in CATALOGUE])
+def test_bad_value_fails_before_anything_loads_naming_the_key(overrides, key):
+    cfg = compose_cfg(overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    problems = str(err.value).split("\n  - ")[1:]
+    named = [p for p in problems if key in p]
+    assert named, f"no message names {key}: {problems}"
+    assert any(word in p for p in named for word in ADVICE), f"no message says what to change: {named}"
+
+
+def test_the_default_config_is_valid():
+    validate(compose_cfg([]))
+
+
+def test_a_group_switch_does_not_carry_over_generator_kwargs():
+    """task.name=gcd keeps chain_sum's dataset_kwargs (Hydra merges dicts): a clear error says to switch
+    with task=<file> instead; task=gcd itself is valid."""
+    with pytest.raises(ConfigError, match="task.dataset_kwargs"):
+        validate(compose_cfg(["task.name=gcd", "task.prompt_format=question"]))
+    validate(compose_cfg(["task=gcd"]))
