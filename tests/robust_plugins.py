@@ -56,3 +56,11 @@ def make_task(*, name: str = "plugin_task", train_size: int = 20, **_) -> Task:
              for i in range(train_size + 10)]
     return Task(name=name, splits={"train": items[:train_size], "dev": items[train_size:train_size + 5],
                                    "test": items[train_size + 5:]}, info={"source": "plugin"})
+
+
+def small_llama(out_dir, *, alphabet: str, seed: int = 0):
+    """A model builder named as model.builder=robust_plugins.small_llama: the lab's tiny Llama, smaller."""
+    from grpo_lab.models import MODEL_BUILDERS
+
+    return MODEL_BUILDERS.call("tiny_llama", out_dir, alphabet=alphabet, seed=seed, hidden_size=32, num_layers=1,
+                               num_heads=2, intermediate_size=64, max_position_embeddings=64)
