@@ -200,12 +200,12 @@ def arch_from_hf_config(config, name: str = "", source: str = "") -> Arch:
 def known_arch(path: str) -> Optional[Arch]:
     """The table's entry for a model directory name (``/models/Qwen2.5-Math-7B-Instruct`` -> Qwen2.5-Math-7B)."""
     key = Path(str(path).rstrip("/")).name.lower()
-    key = _ALIASES.get(key, key)
-    for _ in range(2):  # e.g. "-rl" then "-instruct"
+    for _ in range(3):  # e.g. "-rl" then "-instruct"
+        key = _ALIASES.get(key, key)
         if key in KNOWN_ARCHITECTURES:
             return KNOWN_ARCHITECTURES[key]
         key = next((key[: -len(s)] for s in _SUFFIXES if key.endswith(s)), key)
-    return KNOWN_ARCHITECTURES.get(key)
+    return None
 
 
 def resolve_arch(cfg: DictConfig) -> Optional[Arch]:
@@ -305,7 +305,8 @@ def device_memory_bytes(cfg: DictConfig, *, machine: bool = True) -> Optional[fl
         if kind == "cuda":
             import torch
 
-            return float(torch.cuda.get_device_properties(0).total_memory)
+            # No CUDA here although the recipe asks for it: validate() reports that; nothing to plan against.
+            return float(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     return DEFAULT_CUDA_MEMORY_GB * GB if kind == "cuda" else None
 
