@@ -343,6 +343,8 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
     mem = device_memory if device_memory is not None else device_memory_bytes(cfg, machine=machine)
     n_dev = max(int(ln.get("num_devices", 1) or 1), 1)
     plan = MemoryPlan(arch, device=kind, device_memory=mem, num_devices=n_dev)
+    if _device_kind(cfg, machine) is None:
+        plan.notes.append("learner.device=auto planned as cuda (the machine it runs on is not this one)")
     if arch is None:
         plan.notes.append(f"no config for model.builder={cfg.model.builder} model.path={cfg.model.path}: the "
                           "directory is not on this machine and its name is not in grpo_lab.memory_plan."
