@@ -222,6 +222,19 @@ class RolloutConfig:
 
 
 @dataclass
+class LoraConfig:
+    # LoRA rank r (arXiv 2106.09685); 0 = full fine-tuning. The reference is the base with adapters disabled.
+    rank: int = 0
+    # Scaling α (the update is scaled by α / r).
+    alpha: float = 16.0
+    # Dropout on the adapters' input.
+    dropout: float = 0.0
+    # Linear layers that get adapters (Llama / Qwen2 / Mistral names).
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass
 class LearnerConfig:
     # AdamW learning rate of the policy.
     lr: float = 1e-4
@@ -236,6 +249,23 @@ class LearnerConfig:
     # gets the rest). Oversubscribed OpenMP threads spin against each other: measured here, one SFT
     # step took 2.1 s with 2 threads vs 0.17 s with 1 while another process was busy.
     num_threads: Optional[int] = None
+    # Compute dtype of the policy: "fp32" or "bf16" (bf16 keeps fp32 master weights and optimizer state).
+    dtype: str = "fp32"
+    # Recompute each decoder layer's activations in backward instead of storing them.
+    gradient_checkpointing: bool = False
+    # LoRA adapters instead of full fine-tuning (rank 0 = off).
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    # Token budget of one micro-batch (prompt + completion tokens); null = micro_batch_size sequences.
+    max_tokens_per_micro_batch: Optional[int] = None
+    # Token logprobs / entropy computed this many positions at a time (full-vocabulary logits never whole); null = all.
+    logits_chunk_tokens: Optional[int] = None
+    # Memory of one learner device in GB (1e9 bytes); null = detect (CUDA total memory, or RAM on CPU).
+    device_memory_gb: Optional[float] = None
+    # Learner devices; > 1 means FSDP-style full sharding of weights, gradients and optimizer state.
+    num_devices: int = 1
+    # Memory plan before any weights load (grpo_lab/memory_plan.py): "check" refuses a config that does
+    # not fit, "warn" only warns, "off" skips it.
+    memory_plan: str = "check"
 
 
 @dataclass
@@ -472,6 +502,15 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
     # task splits and the task source's own settings
     validate_rollout_reward_task(cfg, errors)
+
+    # --- memory plan (issue 7) ---
+    # Weights, gradients, optimizer, reference, critic, activations, logits and the engine's share
+    # against the device's memory, from the model's config only (grpo_lab/memory_plan.py). Errors
+    # are appended, never raised here; `machine=False` plans against the recipe's declared memory.
+    from grpo_lab.memory_plan import memory_plan_errors
+
+    errors.extend(memory_plan_errors(cfg, machine=machine))
+    # --- end memory plan (issue 7) ---
 
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))

@@ -229,6 +229,8 @@ def run(cfg: DictConfig) -> float:
     overrides = list(hc.overrides.task)
     try:
         validate(cfg)  # before any model is loaded
+        from grpo_lab.memory_plan import plan_memory  # issue 7: the plan, printed before any weights load
+        print(plan_memory(cfg).render())
         resume_from = prepare_run_dir(cfg, run_dir)
     except Exception as err:
         # A sweep job that fails here still leaves a record the report counts as failed, unless the
