@@ -30,6 +30,7 @@ from grpo_lab.config import ConfigError, finalize, register_configs, validate
 from grpo_lab.learner.learner import Learner, resolve_device, set_cpu_threads
 from grpo_lab.learner.sft import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
+from grpo_lab.memory_plan import plan_memory
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.phases import RewardNormalizer, collect_phase, evaluate, group_size_at, rollout_metrics, to_learner_batch
@@ -228,8 +229,7 @@ def run(cfg: DictConfig) -> float:
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
     try:
-        validate(cfg)  # before any model is loaded
-        from grpo_lab.memory_plan import plan_memory  # issue 7: the plan, printed before any weights load
+        validate(cfg)  # before any model is loaded (includes the memory plan's verdict)
         print(plan_memory(cfg).render())
         resume_from = prepare_run_dir(cfg, run_dir)
     except Exception as err:
