@@ -303,6 +303,10 @@ class TrainerConfig:
     # null = fresh run; "auto" = continue from the newest checkpoint of this run directory (if any);
     # or a checkpoint directory (<run dir>/checkpoints/step_N) to continue from.
     resume: Optional[str] = None
+    # How many updates the sampler may run ahead of the learner: 0 = synchronous (sample, learn, push;
+    # the default and what the paper tables use); 1 = the engine samples step k+1 while the learner
+    # trains on step k, from weights at most one update old (grpo_lab/phases.py: RolloutPipeline).
+    max_staleness: int = 0
     # Steps whose rewards, loss or gradient norm are not finite are skipped (no optimizer step, counted
     # as actor/skipped_steps); the run fails once more than this many were skipped.
     max_bad_steps: int = 3
@@ -485,6 +489,8 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     _check(t.checkpoint_every >= 0, f"trainer.checkpoint_every={t.checkpoint_every} must be >= 0 (0 = only the "
            "final policy)", errors)
     _check(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1", errors)
+    _check(t.max_staleness in (0, 1), f"trainer.max_staleness={t.max_staleness}; valid choices: 0 (synchronous) "
+           "or 1 (sample the next step while the learner trains)", errors)
     _check(t.max_bad_steps >= 0, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0", errors)
     if t.resume not in (None, "auto"):
         _check(Path(t.resume).is_dir(), f"trainer.resume={t.resume!r} is not a checkpoint directory; give a "

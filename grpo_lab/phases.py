@@ -190,6 +190,85 @@ def collect_phase(sample, prompts_per_step: int, *, dynamic: bool, max_rounds: i
     return merged, metrics
 
 
+def sample_step(sampler: GroupSampler, cfg, step: int) -> tuple[ScoredRollout, dict]:
+    """One step's batch (rollout, rewards, DAPO dynamic sampling) with its own rollout/reward metrics and
+    timings, so a batch sampled in the background carries its numbers with it."""
+    sampler.reset(group_size=group_size_at(step, cfg.rollout))
+    a = cfg.algorithm
+    scored, metrics = collect_phase(sampler, cfg.trainer.prompts_per_step, dynamic=a.dynamic_sampling.enabled,
+                                    max_rounds=a.dynamic_sampling.max_rounds)
+    metrics.update(sampler.reward_metrics)
+    metrics.update({"perf/rollout_s": sampler.timings["rollout"], "perf/reward_s": sampler.timings["reward"],
+                    "rollout/group_size": float(sampler.group_size)})
+    return scored, metrics
+
+
+class RolloutPipeline:
+    """Where each step's batch comes from, and how far the sampler may run ahead of the learner.
+
+    ``max_staleness=0``: the batch of step k is sampled when step k starts, from the weights after
+    update k-1 (the synchronous loop; the default, and what the paper tables use).
+    ``max_staleness=1``: while the learner trains on step k, a background thread samples step k+1 from
+    the weights after update k-1, so the engine (its own process for vLLM) and the learner work at
+    the same time. Every batch is thus at most one update old; the loss already treats the sampler's
+    logprobs as the behaviour policy (the clipped ratio π_θ / π_sampler, optionally TIS-corrected,
+    arXiv 2503.14476-style off-policy correction as in verl/AReaL async training), and
+    ``rollout/staleness`` logs the gap. The engine's weights change only while it is idle
+    (:meth:`wait_idle` before every push and every evaluation).
+    """
+
+    def __init__(self, sampler: GroupSampler, cfg, *, max_staleness: int):
+        if max_staleness not in (0, 1):
+            raise ValueError(f"trainer.max_staleness={max_staleness}: 0 (synchronous) or 1 (one step ahead)")
+        self.sampler, self.cfg, self.ahead = sampler, cfg, max_staleness
+        self.pending = None   # (step, future or finished (scored, metrics), weights version it was sampled with)
+        self.version = 0      # updates applied to the engine's weights
+        self._pool = None
+        if max_staleness:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
+
+    def take(self, step: int) -> tuple[ScoredRollout, dict]:
+        """Step `step`'s batch: the one sampled ahead, or sampled now."""
+        if self.pending is not None and self.pending[0] == step:
+            _, job, version = self.pending
+            self.pending = None
+            scored, metrics = job.result() if hasattr(job, "result") else job
+        else:
+            scored, metrics, version = *sample_step(self.sampler, self.cfg, step), self.version
+        metrics["rollout/staleness"] = float(self.version - version)
+        return scored, metrics
+
+    def prefetch(self, step: int) -> None:
+        """Start sampling `step` in the background from the engine's current weights (staleness 1)."""
+        if self._pool is not None:
+            self.pending = (step, self._pool.submit(sample_step, self.sampler, self.cfg, step), self.version)
+
+    def wait_idle(self) -> None:
+        """Block until no sampling is in flight (the engine may then be given new weights or evaluate)."""
+        if self.pending is not None and hasattr(self.pending[1], "result"):
+            step, job, version = self.pending
+            self.pending = (step, job.result(), version)
+
+    def pushed(self) -> None:
+        self.version += 1
+
+    def state_dict(self) -> dict:
+        """The sampler's position and, when a batch was sampled ahead, that batch (so a resumed run trains
+        on exactly what the uninterrupted one would have)."""
+        self.wait_idle()
+        return {"sampler": self.sampler.state_dict(), "pending": self.pending, "version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self.pending, self.version = state.get("pending"), state.get("version", 0)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def to_learner_batch(scored: ScoredRollout, tokenizer) -> TensorBatch:
     r = scored.rollout
     batch = collate(r.prompt_ids, r.completion_ids, tokenizer.pad_token_id, r.sampler_logprobs)

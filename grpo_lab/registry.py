@@ -101,6 +101,11 @@ class Registry:
 
         return decorator
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (e.g. an entry a notebook or a test registered for a while)."""
+        self.get(name)
+        del self._entries[name], self._facts[name]
+
     def get(self, name: str) -> Callable[..., Any]:
         """The function registered as ``name`` (or imported from ``"module:attribute"``);
         :class:`UnknownChoiceError` lists valid names or says why the import failed."""

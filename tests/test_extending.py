@@ -23,13 +23,11 @@ TINY = ["rollout=hf", "logger=none", "trainer.total_steps=2", "trainer.prompts_p
         "hydra/job_logging=none", "hydra/hydra_logging=none"]
 
 
-@REWARDS.register("digit_count_toy")
 def digit_count_toy(completions: list[str], **_) -> list[float]:
     """A random model never answers correctly; digits per completion give every group a signal."""
     return [sum(ch.isdigit() for ch in c) / 8.0 for c in completions]
 
 
-@POLICY_LOSSES.register("toy_linear")
 def toy_linear(logprobs, old_logprobs, advantages, response_mask, *, clip_low: float, is_weights=None):
     """A new loss: -A * clip(r, 1 - clip_low, inf) per token (reads one existing setting)."""
     mask = response_mask.bool()
@@ -38,7 +36,6 @@ def toy_linear(logprobs, old_logprobs, advantages, response_mask, *, clip_low: f
     return loss, {"toy_ratio_mean": (ratio * mask).sum().detach() / mask.sum().clamp(min=1)}
 
 
-@ADVANTAGE_ESTIMATORS.register("toy_centered", min_group_size=2)
 def toy_centered(token_rewards, response_mask, group_ids, *, adv_eps: float):
     """A new estimator: reward minus the batch mean, scaled by 1 / (1 + adv_eps)."""
     scores = (token_rewards * response_mask).sum(-1)
@@ -46,10 +43,23 @@ def toy_centered(token_rewards, response_mask, group_ids, *, adv_eps: float):
     return adv[:, None] * response_mask, adv[:, None] * response_mask
 
 
-@POLICY_LOSSES.register("toy_nan")
 def toy_nan(logprobs, old_logprobs, advantages, response_mask, *, is_weights=None):
     """A broken loss: NaN everywhere (what a bad reward scale or an overflow produces)."""
     return logprobs * float("nan"), {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered_toys():
+    """Register this file's parts as a user would (one decorator call each), and only while its tests
+    run, so other test files see the lab's own registries."""
+    entries = [(REWARDS, "digit_count_toy", digit_count_toy, {}), (POLICY_LOSSES, "toy_linear", toy_linear, {}),
+               (ADVANTAGE_ESTIMATORS, "toy_centered", toy_centered, {"min_group_size": 2}),
+               (POLICY_LOSSES, "toy_nan", toy_nan, {})]
+    for registry, name, fn, facts in entries:
+        registry.register(name, **facts)(fn)
+    yield
+    for registry, name, _, _ in entries:
+        registry.unregister(name)
 
 
 TOY_RECIPE = """\

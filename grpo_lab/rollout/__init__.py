@@ -8,11 +8,12 @@ from grpo_lab.registry import Registry
 from grpo_lab.rollout.base import Rollout, RolloutEngine
 from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError, RolloutEngineError
 
-# Fact: `requires_module` (a module that must be importable, checked before anything loads; None = none).
-ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None})
+# Facts: `requires_module` (a module that must be importable, checked before anything loads; None =
+# none) and `own_process` (the engine computes in processes of its own, beside the learner's threads).
+ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None, "own_process": False})
 
 
-@ROLLOUT_ENGINES.register("vllm", requires_module="vllm")
+@ROLLOUT_ENGINES.register("vllm", requires_module="vllm", own_process=True)
 def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
     from grpo_lab.rollout.vllm_engine import VLLMEngine  # imports vllm only when chosen
     return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
