@@ -343,6 +343,7 @@ def test_two_step_run_with_lora_and_bf16(tmp_path, warm_cache):
 
 
 @pytest.mark.vllm
+@pytest.mark.slow          # ~80 s: one vLLM engine start and three steps
 def test_vllm_follows_lora_pushes(tmp_path, warm_cache):
     """After each push of merged adapted layers (q, v adapted: k travels with them, since vLLM fuses
     qkv), the engine samples from the learner's policy: logprobs agree within 1e-3 in fp32."""
