@@ -222,14 +222,16 @@ class RolloutConfig:
 
 
 @dataclass
-class LoraConfig:
-    # LoRA rank r (arXiv 2106.09685); 0 = full fine-tuning. The reference is the base with adapters disabled.
+class LoRAConfig:
+    # LoRA rank r (arXiv 2106.09685) through peft; 0 = off (full fine-tuning).
     rank: int = 0
-    # Scaling α (the update is scaled by α / r).
+    # LoRA α: the update B·A is scaled by α / r.
     alpha: float = 16.0
-    # Dropout on the adapters' input.
+    # Dropout on the adapter's input (0 = off; it also makes training-mode logprobs stochastic).
     dropout: float = 0.0
-    # Linear layers that get adapters (Llama / Qwen2 / Mistral names).
+    # Module names that get adapters. Default: every linear projection of a Llama / Qwen2 / Mistral
+    # block; the LoRA paper adapted only q_proj, v_proj, but attention-only LoRA learns less than
+    # LoRA on the MLPs too ("LoRA Without Regret", Schulman et al., Thinking Machines 2025).
     target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                "gate_proj", "up_proj", "down_proj"])
 
@@ -249,16 +251,26 @@ class LearnerConfig:
     # gets the rest). Oversubscribed OpenMP threads spin against each other: measured here, one SFT
     # step took 2.1 s with 2 threads vs 0.17 s with 1 while another process was busy.
     num_threads: Optional[int] = None
-    # Compute dtype of the policy: "fp32" or "bf16" (bf16 keeps fp32 master weights and optimizer state).
+    # Compute dtype: "fp32", or "bf16" = bf16 autocast forward over fp32 master weights, fp32
+    # gradients and fp32 AdamW state (mixed precision, arXiv 1710.03740).
     dtype: str = "fp32"
-    # Recompute each decoder layer's activations in backward instead of storing them.
+    # Recompute each decoder layer's activations in backward (HF gradient_checkpointing_enable,
+    # use_reentrant=False): less activation memory for ~1 extra forward.
     gradient_checkpointing: bool = False
-    # LoRA adapters instead of full fine-tuning (rank 0 = off).
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    # Token budget of one micro-batch (prompt + completion tokens); null = micro_batch_size sequences.
+    # LoRA adapters (peft); rank 0 = full fine-tuning. With LoRA the reference is the base with adapters off.
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    # Token budget per micro-batch: rows × padded width ≤ this (rows sorted by length, padding
+    # trimmed per micro-batch); null = micro_batch_size sequences per micro-batch.
     max_tokens_per_micro_batch: Optional[int] = None
-    # Token logprobs / entropy computed this many positions at a time (full-vocabulary logits never whole); null = all.
+    # Token logprobs and entropy from the LM head in chunks of this many (row, position) slots, each
+    # recomputed in backward, so full-vocabulary fp32 logits never exist for a whole micro-batch; null = off.
     logits_chunk_tokens: Optional[int] = None
+    # Learning-rate schedule over RL steps (one per learner update): constant, cosine or linear decay to 0.
+    lr_schedule: str = "constant"
+    # Linear warm-up of the learning rate over this many RL steps (0 = none).
+    warmup_steps: int = 0
+    # Length of the schedule in RL steps; defaults to trainer.total_steps.
+    total_steps: Optional[int] = "${trainer.total_steps}"  # type: ignore[assignment]
     # Memory of one learner device in GB (1e9 bytes); null = detect (CUDA total memory, or RAM on CPU).
     device_memory_gb: Optional[float] = None
     # Learner devices; > 1 means FSDP-style full sharding of weights, gradients and optimizer state.
@@ -470,6 +482,42 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     if ln.num_threads is not None:
         _check(ln.num_threads >= 1, f"learner.num_threads={ln.num_threads} must be >= 1 or null (auto)", errors)
     _check(ln.micro_batch_size >= 1, f"learner.micro_batch_size={ln.micro_batch_size} must be >= 1", errors)
+    # --- learner scale (issue 7) ---
+    from grpo_lab.learner.schedules import LR_SCHEDULES
+
+    _check(ln.dtype in ("fp32", "bf16"), f"learner.dtype={ln.dtype!r}; valid choices: fp32, bf16 (bf16 autocast "
+           "over fp32 master weights)", errors)
+    if ln.dtype == "bf16" and ln.device == "cuda" and machine and torch.cuda.is_available():
+        _check(torch.cuda.is_bf16_supported(), "learner.dtype=bf16 but this GPU has no bf16 support; set "
+               "learner.dtype=fp32", errors)
+    lora = ln.lora
+    _check(lora.rank >= 0, f"learner.lora.rank={lora.rank} must be >= 0 (0 = full fine-tuning)", errors)
+    if lora.rank > 0:
+        _check(lora.alpha > 0, f"learner.lora.alpha={lora.alpha} must be > 0 (the update is scaled by alpha/rank; "
+               "2 × rank is common)", errors)
+        _check(0.0 <= lora.dropout < 1.0, f"learner.lora.dropout={lora.dropout} must lie in [0, 1)", errors)
+        _check(len(lora.target_modules) > 0, "learner.lora.target_modules is empty; name the modules to adapt, "
+               "e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]", errors)
+        _check(not machine or importlib.util.find_spec("peft") is not None,
+               "learner.lora.rank > 0 needs peft, which is not installed: run `make venv` (or set "
+               "learner.lora.rank=0)", errors)
+    if ln.max_tokens_per_micro_batch is not None:
+        _check(ln.max_tokens_per_micro_batch >= r.max_model_len,
+               f"learner.max_tokens_per_micro_batch={ln.max_tokens_per_micro_batch} is smaller than one sequence "
+               f"can be (rollout.max_model_len={r.max_model_len}); a sequence is never split, so raise it to >= "
+               f"{r.max_model_len} or set it to null (micro_batch_size sequences per micro-batch)", errors)
+    if ln.logits_chunk_tokens is not None:
+        _check(ln.logits_chunk_tokens >= 1, f"learner.logits_chunk_tokens={ln.logits_chunk_tokens} must be >= 1 "
+               "or null (no chunking)", errors)
+    if _check(ln.lr_schedule in LR_SCHEDULES, f"learner.lr_schedule={ln.lr_schedule!r} is not registered; valid "
+              f"choices: {', '.join(LR_SCHEDULES.names())}", errors):
+        _check(ln.warmup_steps >= 0, f"learner.warmup_steps={ln.warmup_steps} must be >= 0 (0 = no warm-up)", errors)
+        if ln.lr_schedule != "constant":
+            _check(ln.total_steps is not None and ln.total_steps > ln.warmup_steps,
+                   f"learner.lr_schedule={ln.lr_schedule} decays over learner.total_steps={ln.total_steps} steps, "
+                   f"which must exceed learner.warmup_steps={ln.warmup_steps}; raise learner.total_steps (default: "
+                   "trainer.total_steps) or lower learner.warmup_steps", errors)
+    # --- end learner scale (issue 7) ---
     if _check(ln.device in ("auto", "cpu", "cuda"),
               f"learner.device={ln.device!r}; valid choices: auto, cpu, cuda", errors) and ln.device == "cuda" \
             and machine:

@@ -15,6 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils.checkpoint import checkpoint
+
+from grpo_lab.algos import entropy_from_logits
 
 
 @dataclass
@@ -48,6 +51,30 @@ class TensorBatch:
 
     def to(self, device: torch.device) -> "TensorBatch":
         return TensorBatch({k: v.to(device) for k, v in self.tensors.items()}, self.prompt_width, self.extras)
+
+    def lengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Real (prompt, completion) tokens per row [N], [N]; with several views (chosen/, rejected/)
+        the longest of them, since each view is one forward of the same rows."""
+        P = self.prompt_width
+        prompt = torch.stack([v[:, :P].sum(-1) for k, v in self.tensors.items() if k.endswith("attention_mask")])
+        completion = torch.stack([v.sum(-1) for k, v in self.tensors.items() if k.endswith("response_mask")])
+        return prompt.amax(0).long(), completion.amax(0).long()
+
+    def trim(self, prompt_width: int, completion_width: int) -> "TensorBatch":
+        """The same rows without the padding columns no row needs: [N, P+T] tensors keep columns
+        [P − prompt_width, P + completion_width), [N, T] tensors the first completion_width (the
+        layout above: prompts are left-padded, completions right-padded). Position ids count real
+        tokens, so no row's logits change."""
+        P = self.prompt_width
+        T = next(v.shape[1] for k, v in self.tensors.items() if k.endswith("response_mask"))
+        out = {}
+        for k, v in self.tensors.items():
+            if v.dim() >= 2 and v.shape[1] == P + T:
+                v = v[:, P - prompt_width:P + completion_width]
+            elif v.dim() >= 2 and v.shape[1] == T:
+                v = v[:, :completion_width]
+            out[k] = v
+        return TensorBatch(out, prompt_width, self.extras)
 
 
 def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
@@ -92,6 +119,43 @@ def completion_logits(model, batch: TensorBatch, temperature: float = 1.0) -> to
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[token] per position: [N, T, V], [N, T] -> [N, T]."""
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _head_stats(head, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: bool) -> torch.Tensor:
+    """One chunk: [c, H], [c] -> [c, 1] (token logprob) or [c, 2] (logprob, entropy)."""
+    logits = head(hidden).float() / temperature                           # [c, V]
+    logp = token_logprobs(logits, tokens)                                 # [c]
+    return torch.stack([logp, entropy_from_logits(logits)], -1) if entropy else logp.unsqueeze(-1)
+
+
+def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chunk_tokens: int | None = None,
+                     entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(token logprobs [N, T], entropy [N, T] or None) of the completions under `model`.
+
+    chunk_tokens=None: from the full logits [N, T, V] (`completion_logits`). Otherwise the decoder's
+    hidden states [N, T, H] go through the LM head `chunk_tokens` (row, position) slots at a time,
+    each chunk under non-reentrant activation checkpointing: backward keeps only the chunk's hidden
+    states and recomputes its logits, so at most one chunk's fp32 logits [chunk, V] exist at any
+    moment instead of the micro-batch's [N, T, V] three or four times (output, temperature copy,
+    log-softmax, entropy). Same numbers up to matmul rounding (tests: 1e-6 in fp32), same gradients.
+    Needs a CausalLM whose logits are lm_head(hidden) (Llama, Qwen2, Mistral; not soft-capped heads).
+    """
+    tokens = batch["completion_ids"]
+    if chunk_tokens is None:
+        logits = completion_logits(model, batch, temperature)             # [N, T, V]
+        return token_logprobs(logits, tokens), (entropy_from_logits(logits) if entropy else None)
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model   # peft wrapper -> HF CausalLM
+    hidden = lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              position_ids=batch["position_ids"], use_cache=False).last_hidden_state
+    P, (N, T) = batch.prompt_width, tokens.shape
+    hidden = hidden[:, P - 1:P - 1 + T].reshape(N * T, -1)                # [N·T, H]
+    flat, head, parts = tokens.reshape(N * T), lm.get_output_embeddings(), []
+    for start in range(0, N * T, chunk_tokens):
+        args = (head, hidden[start:start + chunk_tokens], flat[start:start + chunk_tokens], temperature, entropy)
+        parts.append(checkpoint(_head_stats, *args, use_reentrant=False) if torch.is_grad_enabled()
+                     else _head_stats(*args))                             # [c, 1 or 2]
+    stats = torch.cat(parts).view(N, T, -1)                               # [N, T, 1 or 2]
+    return stats[..., 0], (stats[..., 1] if entropy else None)
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:

@@ -4,11 +4,27 @@ critic, their optimizers, minibatching and gradient accumulation.
 It never sees the rollout engine: it receives padded tensors (`TensorBatch`) and hands back named
 weights for the engine to load. All formulas live in `grpo_lab/algos`; this module only decides
 which tensors go into them and when to step the optimizer.
+
+At scale (issue 7), all off by default, which keeps today's numbers bit for bit:
+
+* learner.dtype=bf16: forwards run under `torch.autocast(bfloat16)` over fp32 parameters, so the
+  master weights, their gradients and AdamW's moments stay fp32 (mixed precision, arXiv
+  1710.03740; autocast keeps one bf16 copy of each weight per forward). bf16 has fp32's exponent
+  range, so no loss scaling is needed.
+* learner.lora.rank > 0: peft adapters (LoRA, arXiv 2106.09685): W x + (α/r)·B A x with W frozen;
+  only A and B are trained and held by AdamW. The reference is the same model with its adapters
+  switched off, and the engine receives W + (α/r)·B A merged, under the base model's names, for
+  the adapted layers only.
+* learner.max_tokens_per_micro_batch: micro-batches of rows sorted by length, rows × padded width
+  within the budget; learner.logits_chunk_tokens: the LM head in chunks (batch.completion_stats).
+* learner.lr_schedule / warmup_steps / total_steps: LambdaLR over RL steps (learner/schedules.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import math
 import os
 from collections import defaultdict
@@ -19,8 +35,20 @@ from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM
 
 from grpo_lab.algos import aggregate, clipped_value_loss, logprob_mismatch_metrics, truncated_is_weights
-from grpo_lab.learner.batch import TensorBatch, completion_logits, token_logprobs
+from grpo_lab.learner.batch import TensorBatch, completion_stats
+from grpo_lab.learner.schedules import lr_factor
 from grpo_lab.objectives import OBJECTIVES
+
+# Projections that inference engines fuse into one matrix (vLLM's `packed_modules_mapping` for
+# Llama / Qwen2 / Mistral: qkv_proj, gate_up_proj). vLLM reloads a fused layer as a whole, so when
+# one member changes, its siblings travel too, or the engine would rebuild the fused matrix from a
+# partial load.
+PACKED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _opt(cfg, name: str, default):
+    """A learner setting that older or hand-built configs (SimpleNamespace in tests) may lack."""
+    return getattr(cfg, name, default)
 
 
 def set_cpu_threads(num_threads: int | None) -> int:
@@ -69,10 +97,57 @@ class MetricMean:
         return {prefix + k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
 
 
-def micro_batches(batch: TensorBatch, size: int):
+def micro_batches(batch: TensorBatch, size: int, max_tokens: int | None = None):
+    """(row indices [m], micro-batch) pairs covering `batch`.
+
+    max_tokens=None: `size` consecutive rows each, full padded width (as always). Otherwise rows are
+    sorted longest first and packed greedily so that rows × padded width ≤ max_tokens, each
+    micro-batch trimmed to the padding its own rows need (a single row wider than the budget goes
+    alone; sequences are never split). The learner's minibatch-wide normalisers make the summed
+    loss independent of this split.
+    """
     n = len(batch)
-    for start in range(0, n, size):
-        yield batch.index(torch.arange(start, min(start + size, n)))
+    if max_tokens is None:
+        for start in range(0, n, size):
+            idx = torch.arange(start, min(start + size, n))
+            yield idx, batch.index(idx)
+        return
+    prompt, completion = batch.lengths()                                 # [N], [N]
+    order = torch.sort(prompt + completion, descending=True, stable=True).indices.tolist()
+    group, wide_p, wide_c = [], 0, 0
+    for i in order + [None]:
+        if i is not None:
+            p, c = max(wide_p, int(prompt[i])), max(wide_c, int(completion[i]))
+            if not group or (len(group) + 1) * (max(p, 1) + max(c, 1)) <= max_tokens:
+                group, wide_p, wide_c = group + [i], p, c
+                continue
+        idx = torch.tensor(group)
+        yield idx, batch.index(idx).trim(max(wide_p, 1), max(wide_c, 1))
+        if i is not None:
+            group, wide_p, wide_c = [i], int(prompt[i]), int(completion[i])
+
+
+class AdapterDisabledReference:
+    """π_ref under LoRA: the policy's own frozen base weights with its adapters switched off (peft's
+    `disable_adapter()`), so no second copy of the model exists. It owns no parameters."""
+
+    def __init__(self, peft_model: nn.Module):
+        self.peft_model = peft_model
+
+    def parameters(self):
+        return iter(())
+
+
+def apply_lora(model: nn.Module, lora_cfg) -> nn.Module:
+    """Wrap `model` with peft LoRA adapters (B = 0 at start, so the policy starts as the base)."""
+    from peft import LoraConfig, get_peft_model
+
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head" in lora_cfg.target_modules:
+        raise ValueError("learner.lora.target_modules names lm_head, but this model ties it to the input "
+                         "embedding; adapt the embedding (embed_tokens) or leave lm_head out")
+    config = LoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha), lora_dropout=float(lora_cfg.dropout),
+                        target_modules=list(lora_cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
 
 
 class Learner:
@@ -83,15 +158,38 @@ class Learner:
         # Dr.GRPO's constant normaliser is the generation budget, not the batch's longest completion.
         self.max_completion_len = max_completion_len
         self.device = resolve_device(learner_cfg.device)
-        self.policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
+        # Parameters stay fp32 in every mode: with dtype=bf16 they are the master weights and the
+        # forward runs under autocast (see `_autocast`).
+        self.autocast_dtype = torch.bfloat16 if _opt(learner_cfg, "dtype", "fp32") == "bf16" else None
+        self.token_budget = _opt(learner_cfg, "max_tokens_per_micro_batch", None)
+        self.logits_chunk = _opt(learner_cfg, "logits_chunk_tokens", None)
+        policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
+        if _opt(learner_cfg, "gradient_checkpointing", False):
+            # Non-reentrant checkpointing works with frozen inputs (LoRA) and autocast, needs no
+            # enable_input_require_grads, and is what torch recommends (torch.utils.checkpoint docs).
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        lora = _opt(learner_cfg, "lora", None)
+        self.lora = lora is not None and lora.rank > 0
+        self.policy = apply_lora(policy, lora) if self.lora else policy
         self.policy.train()
         # The objective says what it needs: the reference is only loaded when something reads it
         # (KL > 0, or DPO's implicit reward), the critic only when trained.
         self.objective = OBJECTIVES.get(algo_cfg.objective)
         self.needs_ref = self.objective.needs_reference(algo_cfg)
-        self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False) if self.needs_ref else None
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=learner_cfg.lr,
-                                           weight_decay=learner_cfg.weight_decay)
+        if not self.needs_ref:
+            self.ref = None
+        elif self.lora:
+            self.ref = AdapterDisabledReference(self.policy)
+        else:
+            self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        # Only trainable tensors get AdamW state (with LoRA: the adapters; else every parameter, in order).
+        self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
+                                           lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay)
+        schedule = _opt(learner_cfg, "lr_schedule", "constant")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
+            lr_factor, schedule=schedule, warmup_steps=_opt(learner_cfg, "warmup_steps", 0),
+            # total_steps interpolates trainer.total_steps: read it only where a decay needs it.
+            total_steps=None if schedule == "constant" else learner_cfg.total_steps))
         self.critic = self.critic_optimizer = None
         if self.objective.needs_critic(algo_cfg):
             self.critic = ValueModel(algo_cfg.critic.model_path or model_dir).to(self.device)
@@ -108,17 +206,26 @@ class Learner:
         contract: the engine's distribution is what was sampled), or with TIS the learner's own,
         reweighted by min(π_learner / π_sampler, cap) (Yao et al. 2025).
         """
-        size = self.cfg.micro_batch_size
         parts = defaultdict(list)
-        for micro in micro_batches(batch, size):
-            micro = micro.to(self.device)
-            parts["learner_logprobs"].append(self.policy_logprobs(micro)[0].cpu())
-            if self.ref is not None:
-                parts["ref_logprobs"].append(self.policy_logprobs(micro, model=self.ref)[0].cpu())
-            if self.critic is not None:
-                parts["old_values"].append(self.critic(micro).float().cpu())
-        for k, v in parts.items():
-            batch[k] = torch.cat(v)
+        # Eval mode: π_old must not depend on dropout noise (LoRA dropout); a no-op for dropout-free models.
+        self.policy.eval()
+        try:
+            for idx, micro in micro_batches(batch, self.cfg.micro_batch_size, self.token_budget):
+                micro = micro.to(self.device)
+                parts["learner_logprobs"].append((idx, self.policy_logprobs(micro)[0].cpu()))
+                if self.ref is not None:
+                    parts["ref_logprobs"].append((idx, self.policy_logprobs(micro, model=self.ref)[0].cpu()))
+                if self.critic is not None:
+                    parts["old_values"].append((idx, self.critic(micro).float().cpu()))
+        finally:
+            self.policy.train()
+        T = batch["response_mask"].shape[1]
+        for k, pieces in parts.items():
+            # Back to batch order and width (trimmed micro-batches are narrower; padding stays 0).
+            full = torch.zeros(len(batch), T, dtype=pieces[0][1].dtype)
+            for idx, v in pieces:
+                full[idx, :v.shape[1]] = v
+            batch[k] = full
         mask = batch["response_mask"]
         if batch.extras.get("offline"):  # pairs from a file: nothing was sampled, nothing to correct
             batch["old_logprobs"] = batch["learner_logprobs"]
@@ -133,11 +240,24 @@ class Learner:
             batch["old_logprobs"] = batch["sampler_logprobs"]
         return metrics
 
-    def policy_logprobs(self, micro: TensorBatch, model: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token logprobs [n, T], temperature-scaled logits [n, T, V]) of the completions under the
-        policy (or `model`, e.g. the reference); objectives build their losses on this."""
-        logits = completion_logits(model if model is not None else self.policy, micro, self.temperature)
-        return token_logprobs(logits, micro["completion_ids"]), logits
+    def policy_logprobs(self, micro: TensorBatch, model=None, *,
+                        entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(token logprobs [n, T], token entropy [n, T] or None) of the completions under the policy
+        (or `model`, e.g. `self.ref`), at the sampling temperature; objectives build their losses on
+        this. Full-vocabulary logits stay inside (chunked with learner.logits_chunk_tokens)."""
+        if isinstance(model, AdapterDisabledReference):
+            with model.peft_model.disable_adapter():
+                return self.policy_logprobs(micro, entropy=entropy)
+        with self._autocast():
+            return completion_stats(self.policy if model is None else model, micro, self.temperature,
+                                    chunk_tokens=self.logits_chunk, entropy=entropy)
+
+    def _autocast(self):
+        """bf16 compute over fp32 master weights (learner.dtype=bf16); nothing otherwise. Backward
+        runs outside it and replays each op in its forward dtype, so gradients reach fp32 params."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     # ------------------------------------------------------------------ updates
     def update(self, batch: TensorBatch) -> dict[str, float]:
@@ -149,8 +269,10 @@ class Learner:
         """
         actor, critic = MetricMean(), MetricMean()
         n, skipped = len(batch), 0
+        lr = self.optimizer.param_groups[0]["lr"]   # this step's scheduled rate
         if n == 0:
-            return {"actor/empty_batch": 1.0, "actor/lr": self.optimizer.param_groups[0]["lr"]}
+            self.scheduler.step()                     # the schedule counts RL steps, empty or not
+            return {"actor/empty_batch": 1.0, "actor/lr": lr}
         for _epoch in range(self.algo.epochs):
             order = torch.randperm(n, generator=self.generator)
             for mb_idx in order.chunk(self.algo.minibatches):
@@ -162,7 +284,7 @@ class Learner:
                             max_len=max(self.max_completion_len, mask.shape[1]),
                             **self.objective.minibatch_norms(minibatch))
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_batches(minibatch, self.cfg.micro_batch_size):
+                for _, micro in micro_batches(minibatch, self.cfg.micro_batch_size, self.token_budget):
                     loss, metrics = self.objective.loss(self, micro.to(self.device), norm)
                     loss.backward()
                     actor.add(metrics, weight=len(micro))
@@ -172,7 +294,8 @@ class Learner:
                 if self.critic is not None:
                     critic.add(self._critic_step(minibatch))
         self.step += 1
-        return {**actor.result("actor/"), **critic.result("critic/"), "actor/lr": self.optimizer.param_groups[0]["lr"],
+        self.scheduler.step()
+        return {**actor.result("actor/"), **critic.result("critic/"), "actor/lr": lr,
                 "actor/nonfinite_updates": float(skipped)}
 
     def _clip_and_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
@@ -200,7 +323,7 @@ class Learner:
         num_tokens = minibatch["response_mask"].sum().clamp(min=1).item()
         clip_frac, value_loss = MetricMean(), 0.0
         self.critic_optimizer.zero_grad(set_to_none=True)
-        for micro in micro_batches(minibatch, self.cfg.micro_batch_size):
+        for _, micro in micro_batches(minibatch, self.cfg.micro_batch_size, self.token_budget):
             micro = micro.to(self.device)
             loss_mat, m = clipped_value_loss(self.critic(micro), micro["old_values"], micro["returns"],
                                              micro["response_mask"], clip=self.algo.critic.value_clip)
@@ -215,31 +338,89 @@ class Learner:
     # ------------------------------------------------------------------ weights
     def weights_for_sync(self) -> list[tuple[str, torch.Tensor]]:
         """Named policy tensors for the rollout engine; a tied lm_head is the embedding, so it is left out
-        (vLLM's tied lm_head has no weight loader of its own)."""
+        (vLLM's tied lm_head has no weight loader of its own).
+
+        With LoRA only what changed travels: each adapted layer's merged W + (α/r)·B A under the
+        base model's name (what vLLM's loader expects), plus its unchanged packed siblings
+        (PACKED_SIBLINGS) and biases, since vLLM reloads a fused layer whole."""
+        if self.lora:
+            return self._lora_merged_weights()
         tied = getattr(self.policy.config, "tie_word_embeddings", False)
         return [(name, p.detach()) for name, p in self.policy.named_parameters()
                 if not (tied and name == "lm_head.weight")]
 
+    @torch.no_grad()
+    def _lora_merged_weights(self) -> list[tuple[str, torch.Tensor]]:
+        from peft.tuners.lora import LoraLayer
+
+        model = self.policy.get_base_model()                                 # the HF CausalLM, adapters injected
+        modules = dict(model.named_modules())
+        adapted = {name for name, m in modules.items() if isinstance(m, LoraLayer)}
+        send = set(adapted)
+        for name in adapted:
+            parent, _, leaf = name.rpartition(".")
+            for group in PACKED_SIBLINGS:
+                if leaf in group:
+                    send.update(s for s in (f"{parent}.{g}" if parent else g for g in group) if s in modules)
+        out = []
+        for name, module in modules.items():                                # model order: layer by layer
+            if name not in send:
+                continue
+            base = module.get_base_layer() if isinstance(module, LoraLayer) else module
+            for pname, p in base.named_parameters(recurse=False):
+                t = p.detach()
+                if pname == "weight" and isinstance(module, LoraLayer):
+                    for adapter in module.active_adapters:                 # ΔW = (α/r)·B A (fan-in/out handled)
+                        t = t + module.get_delta_weight(adapter).to(t.dtype)
+                out.append((f"{name}.{pname}", t))
+        return out
+
+    def _merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full policy as a plain HF state dict (base names, adapters merged in)."""
+        merged = dict(self._lora_merged_weights())
+        state = {}
+        for k, v in self.policy.get_base_model().state_dict().items():
+            if ".lora_" in k:
+                continue
+            k = k.replace(".base_layer.", ".")
+            state[k] = merged.get(k, v)
+        return state
+
     def state_dict(self) -> dict:
         """Everything of the learner that changes over a run, except the policy weights (saved as a model
-        directory beside it): optimizer moments, critic and its optimizer, minibatch generator, step."""
-        state = {"optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(), "step": self.step}
+        directory beside it): optimizer moments, LR scheduler, critic and its optimizer, minibatch
+        generator, step."""
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "generator": self.generator.get_state(), "step": self.step}
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
             state["critic_optimizer"] = self.critic_optimizer.state_dict()
         return state
 
     def load_state(self, policy_dir: str | Path, state: dict) -> None:
-        """Restore a checkpoint: policy weights from `policy_dir` (the reference stays the starting policy)."""
+        """Restore a checkpoint: policy weights from `policy_dir` (the reference stays the starting policy);
+        with LoRA only the adapters, from `policy_dir/adapter` (the base never changes)."""
         from safetensors.torch import load_file
 
-        weights = load_file(str(Path(policy_dir) / "model.safetensors"), device=str(self.device))
-        missing, unexpected = self.policy.load_state_dict(weights, strict=False)
-        tied = getattr(self.policy.config, "tie_word_embeddings", False)
-        if unexpected or [k for k in missing if not (tied and k == "lm_head.weight")]:
-            raise RuntimeError(f"checkpoint {policy_dir} does not match the policy: missing {missing}, "
-                               f"unexpected {unexpected}")
+        if self.lora:
+            from peft import set_peft_model_state_dict
+
+            weights = load_file(str(Path(policy_dir) / "adapter" / "adapter_model.safetensors"), device=str(self.device))
+            result = set_peft_model_state_dict(self.policy, weights)
+            missing = [k for k in result.missing_keys if ".lora_" in k]
+            if result.unexpected_keys or missing or not weights:
+                raise RuntimeError(f"LoRA checkpoint {policy_dir}/adapter does not match the policy's adapters "
+                                   f"(learner.lora.*): missing {missing}, unexpected {result.unexpected_keys}")
+        else:
+            weights = load_file(str(Path(policy_dir) / "model.safetensors"), device=str(self.device))
+            missing, unexpected = self.policy.load_state_dict(weights, strict=False)
+            tied = getattr(self.policy.config, "tie_word_embeddings", False)
+            if unexpected or [k for k in missing if not (tied and k == "lm_head.weight")]:
+                raise RuntimeError(f"checkpoint {policy_dir} does not match the policy: missing {missing}, "
+                                   f"unexpected {unexpected}")
         self.optimizer.load_state_dict(state["optimizer"])
+        if "scheduler" in state:   # checkpoints written before the schedule existed ran a constant rate
+            self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.step = state["step"]
         if self.critic is not None:
@@ -247,6 +428,12 @@ class Learner:
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
 
     def save(self, path: str | Path, tokenizer=None) -> None:
-        self.policy.save_pretrained(str(path))
+        """A plain HF model directory (what engines, evaluation and tables load). With LoRA: the
+        merged weights there, and the peft adapter in `path/adapter` (what resume reloads)."""
+        if self.lora:
+            self.policy.get_base_model().save_pretrained(str(path), state_dict=self._merged_state_dict())
+            self.policy.save_pretrained(str(Path(path) / "adapter"), save_embedding_layers=False)
+        else:
+            self.policy.save_pretrained(str(path))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(path))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate,
-                            best_of_group_mask, entropy_from_logits, linear_warmup)
+                            best_of_group_mask, linear_warmup)
 from grpo_lab.config import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 
@@ -113,12 +113,11 @@ class PolicyGradient(Objective):
         group (if the supervised anchor is on), aggregated with the configured mode over the
         minibatch-wide normalisers."""
         a = learner.algo
-        logp, logits = learner.policy_logprobs(micro)                        # [n, T], [n, T, V]
+        logp, entropy = learner.policy_logprobs(micro, entropy=True)         # [n, T], [n, T]
         mask = micro["loss_mask"]
         is_weights = micro["is_weights"] if "is_weights" in micro else None
         loss_mat, m = POLICY_LOSSES.call(a.policy_loss, logp, micro["old_logprobs"], micro["advantages"], mask,
                                          is_weights=is_weights, **settings_of(a))
-        entropy = entropy_from_logits(logits)                                  # [n, T]
         total = loss_mat
         metrics = {k: float(v) for k, v in m.items()}
         if learner.ref is not None and a.kl.coef > 0:
