@@ -158,8 +158,10 @@ def math_verify_reward(
             out.append(0.0)
             continue
         try:
-            gold = parse(str(answer[i]), parsing_timeout=timeout)
-            pred = parse(ext, parsing_timeout=timeout)
+            # A bare LaTeX answer (a \\boxed{} content such as "\\dfrac{1}{3}") parses only inside math
+            # delimiters (math-verify's LaTeX extraction looks for $...$ / \\boxed); retry it that way.
+            gold = parse(str(answer[i]), parsing_timeout=timeout) or parse(f"${answer[i]}$", parsing_timeout=timeout)
+            pred = parse(ext, parsing_timeout=timeout) or parse(f"${ext}$", parsing_timeout=timeout)
             ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout)
         except Exception as e:
             log.debug("math_verify failed on %r vs %r: %r", ext, answer[i], e)
