@@ -2,7 +2,7 @@
 
 Public API::
 
-    REWARDS: Registry("reward")  correctness | correctness_binary | math_verify | format
+    REWARDS: Registry("reward")  correctness | correctness_binary | math_verify | format | llm_judge
              (or a plug-in "package.module:function", imported on first use by the registry)
     compute_rewards(completions, items, specs, *, timeout_s, on_error, max_error_frac, settings)
         -> RewardResult: unpacks as (total, per_reward); .metrics counts failures; .info holds
@@ -12,6 +12,7 @@ Public API::
     extract_answer(completion, fmt) / format_solution(answer, fmt, worked)   (answer formats)
 """
 
+from . import llm_judge as _llm_judge  # noqa: F401  (registers "llm_judge"; imports no model until called)
 from .answers import ANSWER_FORMATS, answer_marked, extract_answer, format_solution
 from .core import (REWARDS, RewardError, RewardResult, RewardTimeout, RewardValues, compute_rewards, contained_settings,
                    is_correct, reward_fields)
