@@ -95,14 +95,18 @@ def _messages(style: PromptStyle, text: str) -> list[dict[str, str]]:
     return [*system, {"role": "user", "content": text}]
 
 
+def _check_raw(style: PromptStyle) -> None:
+    if style.system_prompt is not None:
+        raise ValueError("task.system_prompt needs a chat template, and this tokenizer has none (or "
+                         "task.chat_template=none): unset task.system_prompt or give task.chat_template=<file>")
+
+
 def render_prompt(tokenizer: Any, text: str) -> str:
     """The prompt as the model reads it, as text (chat template applied when in use)."""
     style = prompt_style(tokenizer)
     if not uses_chat_template(tokenizer):
-        if style.system_prompt is not None:
-            raise ValueError("task.system_prompt needs a chat template, and this tokenizer has none (or "
-                             "task.chat_template=none): unset task.system_prompt or give task.chat_template=<file>")
-        return (tokenizer.bos_token or "") + text
+        _check_raw(style)
+        return (getattr(tokenizer, "bos_token", None) or "") + text
     return tokenizer.apply_chat_template(_messages(style, text), add_generation_prompt=True, tokenize=False)
 
 
@@ -111,9 +115,11 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     (the tiny model's tokenizer never adds specials itself)."""
     style = prompt_style(tokenizer)
     if not uses_chat_template(tokenizer):
-        render_prompt(tokenizer, text)  # raises for a system prompt without a template
+        _check_raw(style)
+        # Duck-typed tokenizers (tests' scripted ones) need only encode() and bos_token_id here.
         ids = tokenizer.encode(text, add_special_tokens=False)
-        return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
+        bos = getattr(tokenizer, "bos_token_id", None)
+        return ([bos] if bos is not None else []) + ids
     out = tokenizer.apply_chat_template(_messages(style, text), add_generation_prompt=True, tokenize=True)
     # transformers 5 returns a BatchEncoding (return_dict defaults to True); 4.x a list of ids.
     ids = list(out["input_ids"] if hasattr(out, "keys") else out)
