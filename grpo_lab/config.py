@@ -197,8 +197,8 @@ class JudgeConfig:
     # Judge prompt; {prompt}, {completion} and {answer} are replaced (grpo_lab/rewards/llm_judge.py).
     template: str = (
         "You are grading a student's answer to a question.\n\nQuestion: {prompt}\n\nReference answer: {answer}\n\n"
-        "Student's response: {completion}\n\nDoes the student's final answer agree with the reference answer? "
-        "Reply with 'Score: N/10' (10 = correct, 0 = wrong), then one sentence of feedback."
+        "Student's response: {completion}\n\nIf the student's final answer agrees with the reference answer, reply "
+        "'Score: 10/10'; if it does not, reply 'Score: 0/10'. Then give one sentence of feedback."
     )
     # How the judge prompt reaches the judge: auto (its chat template), none, or a .jinja path.
     chat_template: str = "auto"
@@ -214,8 +214,8 @@ class JudgeConfig:
     max_completion_chars: Optional[int] = 2000
     # Judge engine: context length.
     max_model_len: int = 2048
-    # Judge engine (vLLM): share of device memory (CPU build: of RAM) for its KV cache.
-    gpu_memory_utilization: float = 0.1
+    # Judge engine (vLLM): share of device memory (CPU build: of RAM) for weights + KV cache (0.1 was too small for SmolLM2 here).
+    gpu_memory_utilization: float = 0.25
     # Judge weights' dtype in the engine.
     dtype: str = "float32"
     # Seconds one judge generate call may run (null = no limit).

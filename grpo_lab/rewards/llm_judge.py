@@ -26,7 +26,8 @@ reference and the answer, and its rating is parsed from its text). Here:
 
 Departures: the judge runs on this process's machine next to the policy's engine (on this 2-core
 CPU machine a second vLLM engine costs ~30-60 s to start and its own KV cache, judge.gpu_memory_utilization
-of RAM); no pairwise or reference-free modes, no position-swap debiasing (single-answer grading only).
+of RAM: 0.25 for SmolLM2-135M in fp32, whose weights and start-up profiling come out of that share;
+0.1 left vLLM a negative KV budget here); no pairwise or reference-free modes, no position-swap debiasing (single-answer grading only).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TEMPLATE = (
     "You are grading a student's answer to a question.\n\n"
     "Question: {prompt}\n\nReference answer: {answer}\n\nStudent's response: {completion}\n\n"
-    "Does the student's final answer agree with the reference answer? Reply with 'Score: N/10' "
-    "(10 = correct, 0 = wrong), then one sentence of feedback."
+    "If the student's final answer agrees with the reference answer, reply 'Score: 10/10'; if it does not, "
+    "reply 'Score: 0/10'. Then give one sentence of feedback."
 )
 
 # "Score: 7/10", "score = 7 out of 10", "Score: **8**", "SCORE: 0.5/1" (case-insensitive).
@@ -80,6 +81,9 @@ def render_judge_prompt(template: str, *, prompt: str, completion: str, answer: 
 
 # ------------------------------------------------------------------------------------- the engine
 _ENGINES: dict[tuple, tuple[Any, Any]] = {}
+# A judge that failed to start is not started again in this process: compute_rewards retries a failed
+# batch sample by sample, and each retry would otherwise pay another engine start-up (~40 s) to fail.
+_FAILED: dict[tuple, BaseException] = {}
 _LOCK = threading.Lock()
 
 
@@ -110,25 +114,37 @@ def start_judge(judge: Mapping[str, Any]) -> tuple[Any, Any]:
     with _LOCK:
         if key in _ENGINES:
             return _ENGINES[key]
-        from transformers import AutoTokenizer
+        if key in _FAILED:
+            raise RuntimeError(f"the judge model failed to start earlier in this process "
+                               f"({type(_FAILED[key]).__name__}: {_FAILED[key]})") from _FAILED[key]
+        try:
+            _ENGINES[key] = _start(judge)
+        except Exception as e:
+            _FAILED[key] = e
+            raise
+        return _ENGINES[key]
 
-        from grpo_lab.prompts import configure_tokenizer
-        from grpo_lab.rollout import ROLLOUT_ENGINES
 
-        model_dir = judge_model_dir(judge)
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        configure_tokenizer(tokenizer, chat_template=str(judge.get("chat_template") or "auto"),
-                            system_prompt=judge.get("system_prompt"))
-        engine_cfg = SimpleNamespace(
-            gpu_memory_utilization=float(judge.get("gpu_memory_utilization", 0.1)),
-            max_model_len=int(judge.get("max_model_len", 2048)), enforce_eager=True,
-            dtype=str(judge.get("dtype", "float32")), generate_timeout_s=judge.get("generate_timeout_s"),
-            sync_timeout_s=None)
-        log.info("starting the judge model %s (%s engine)", model_dir, judge.get("engine", "vllm"))
-        engine = ROLLOUT_ENGINES.get(str(judge.get("engine", "vllm")))(model_dir, engine_cfg, seed=0,
-                                                                       device="cpu")
-        _ENGINES[key] = (engine, tokenizer)
-        return engine, tokenizer
+def _start(judge: Mapping[str, Any]) -> tuple[Any, Any]:
+    """Build the judge's model directory, tokenizer (its prompt style) and engine."""
+    from transformers import AutoTokenizer
+
+    from grpo_lab.prompts import configure_tokenizer
+    from grpo_lab.rollout import ROLLOUT_ENGINES
+
+    model_dir = judge_model_dir(judge)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    configure_tokenizer(tokenizer, chat_template=str(judge.get("chat_template") or "auto"),
+                        system_prompt=judge.get("system_prompt"))
+    engine_cfg = SimpleNamespace(
+        gpu_memory_utilization=float(judge.get("gpu_memory_utilization", 0.25)),
+        max_model_len=int(judge.get("max_model_len", 2048)), enforce_eager=True,
+        dtype=str(judge.get("dtype", "float32")), generate_timeout_s=judge.get("generate_timeout_s"),
+        sync_timeout_s=None)
+    log.info("starting the judge model %s (%s engine)", model_dir, judge.get("engine", "vllm"))
+    engine = ROLLOUT_ENGINES.get(str(judge.get("engine", "vllm")))(model_dir, engine_cfg, seed=0,
+                                                                   device="cpu")
+    return engine, tokenizer
 
 
 def close_judges() -> None:
@@ -140,6 +156,7 @@ def close_judges() -> None:
             except Exception as e:  # closing is best effort; the engines die with the process anyway
                 log.warning("closing a judge engine failed: %r", e)
         _ENGINES.clear()
+        _FAILED.clear()
 
 
 atexit.register(close_judges)
