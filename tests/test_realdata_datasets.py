@@ -151,3 +151,4 @@ def test_config_validation_names_the_keys(tmp_path):
                     "reward.judge.score_max=0.0", "reward.judge.gpu_memory_utilization=2.0"):
             assert key in judge, (key, judge)
         assert errors("reward=llm_judge") == ""
+

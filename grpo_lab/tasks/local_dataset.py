@@ -20,7 +20,11 @@ Reference answers (:func:`reference_answer`): GSM8K-style fields holding worked 
 in ``#### 72`` give ``72``; MATH-style fields holding ``\\boxed{...}`` give the boxed content; any
 other value is the answer as written (stripped). So GSM8K needs only
 ``prompt_field=question answer_field=answer solution_field=answer`` (the worked steps become the
-warm-up target, ending in the answer written in ``answer_format``), and MATH
+warm-up target, ending in the answer written in ``answer_format``), e.g.
+``task.source=local_dataset task.path=/data/gsm8k_train.jsonl task.prompt_field=question
+task.solution_field=answer task.answer_format=boxed_or_last task.max_completion_tokens=256
+model=smollm2_135m rollout.max_model_len=1024 reward=math_verify`` (or, where the hub is reachable,
+``task.path=openai/gsm8k task.hub_config=main``); and MATH
 ``prompt_field=problem answer_field=solution solution_field=solution``. Answers are checked by
 ``reward=math_verify`` (equivalence, e.g. ``1/2`` = ``\\frac{1}{2}``) or ``correctness`` (exact).
 
