@@ -176,6 +176,50 @@ class TaskConfig:
     prompt_template: str = "{prompt}"
     # Longest completion the task needs, in tokens (sets rollout.max_new_tokens by default).
     max_completion_tokens: int = 8
+    # How prompts reach the model (grpo_lab/prompts.py): auto (its chat template if it has one), none, or a .jinja path.
+    chat_template: str = "auto"
+    # System message before each prompt when a chat template is used (null = the template's own default).
+    system_prompt: Optional[str] = None
+    # local_dataset from the hub: the dataset's configuration name (e.g. "main" for openai/gsm8k).
+    hub_config: Optional[str] = None
+
+
+@dataclass
+class JudgeConfig:
+    # Builder of the frozen judge model (grpo_lab.models.MODEL_BUILDERS): smollm2_135m, or pretrained + path.
+    builder: str = "smollm2_135m"
+    # builder=pretrained: the judge's local HF model directory.
+    path: Optional[str] = None
+    # Where built judge models are cached (one directory per builder, shared by all runs).
+    cache_dir: str = "${cache_dir}/models"
+    # Engine serving the judge (grpo_lab.rollout.ROLLOUT_ENGINES): vllm, or hf (transformers generate).
+    engine: str = "vllm"
+    # Judge prompt; {prompt}, {completion} and {answer} are replaced (grpo_lab/rewards/llm_judge.py).
+    template: str = (
+        "You are grading a student's answer to a question.\n\nQuestion: {prompt}\n\nReference answer: {answer}\n\n"
+        "Student's response: {completion}\n\nIf the student's final answer agrees with the reference answer, reply "
+        "'Score: 10/10'; if it does not, reply 'Score: 0/10'. Then give one sentence of feedback."
+    )
+    # How the judge prompt reaches the judge: auto (its chat template), none, or a .jinja path.
+    chat_template: str = "auto"
+    # System message for the judge (null = its template's default).
+    system_prompt: Optional[str] = None
+    # Text the judge's answer starts with (written for it), so even a small judge begins with its number.
+    response_prefix: str = "Score:"
+    # Scale of a bare "Score: N" (a written "N/M" uses M).
+    score_max: float = 10.0
+    # Tokens the judge may write (score + feedback); decoding is greedy.
+    max_new_tokens: int = 48
+    # Completions longer than this many characters are cut before judging (null = never).
+    max_completion_chars: Optional[int] = 2000
+    # Judge engine: context length.
+    max_model_len: int = 2048
+    # Judge engine (vLLM): share of device memory (CPU build: of RAM) for weights + KV cache (0.1 was too small for SmolLM2 here).
+    gpu_memory_utilization: float = 0.25
+    # Judge weights' dtype in the engine.
+    dtype: str = "float32"
+    # Seconds one judge generate call may run (null = no limit).
+    generate_timeout_s: Optional[float] = 600.0
 
 
 @dataclass
@@ -189,6 +233,8 @@ class RewardConfig:
     on_error: float = 0.0
     # Fail the run when more than this fraction of a step's samples had a failed reward (0 = any).
     max_error_frac: float = 0.1
+    # The frozen judge model of reward llm_judge (read only when reward.weights names llm_judge).
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass

@@ -35,7 +35,11 @@ def _validate_reward(rw: Any, errors: list[str]) -> None:
         errors.append("reward.weights is empty: name at least one reward, e.g. reward.weights={correctness_binary: 1.0} "
                       "or reward=correctness")
     for name, weight in rw.weights.items():
-        check_registered(REWARDS, str(name), f"reward.weights.{name}", errors)
+        if check_registered(REWARDS, str(name), f"reward.weights.{name}", errors):
+            # The reward's own settings (e.g. llm_judge's reward.judge): a fact on its REWARDS entry.
+            check = REWARDS.fact(str(name), "check")
+            if check is not None:
+                check(rw, errors)
         if not _finite(weight):
             errors.append(f"reward.weights[{name!r}]={weight} must be a finite number")
     _timeout(rw.timeout_s, "reward.timeout_s", errors, "60")
@@ -60,6 +64,7 @@ def _validate_rollout(r: Any, errors: list[str]) -> None:
 
 def _validate_task(t: Any, errors: list[str]) -> None:
     from grpo_lab.config import check_registered
+    from grpo_lab.prompts import check_chat_template
     from grpo_lab.rewards.answers import ANSWER_FORMATS
     from grpo_lab.tasks import TASKS
 
@@ -71,6 +76,13 @@ def _validate_task(t: Any, errors: list[str]) -> None:
     if "{prompt}" not in str(t.prompt_template):
         errors.append(f"task.prompt_template={t.prompt_template!r} must contain '{{prompt}}' (where the "
                       "prompt goes), e.g. 'Question: {prompt}\\nAnswer:'")
+    # How prompts reach the model (grpo_lab/prompts.py).
+    problem = check_chat_template(t.chat_template)
+    if problem:
+        errors.append(problem)
+    if t.system_prompt is not None and t.chat_template == "none":
+        errors.append("task.system_prompt is set but task.chat_template=none sends raw text, which has no place "
+                      "for it: set task.chat_template=auto (or a .jinja file) or unset task.system_prompt")
     if t.answer_format is not None and t.answer_format not in ANSWER_FORMATS:
         errors.append(f"task.answer_format={t.answer_format!r}; valid choices: {', '.join(ANSWER_FORMATS)} "
                       "or null (the source's default)")

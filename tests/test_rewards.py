@@ -41,8 +41,8 @@ def test_extract_answer_rules():
     assert extract_answer("####   ", "hash") is None
     assert extract_answer("<answer>1</answer> x <answer> 2 </answer>", "tags") == "2"
     assert extract_answer("<answer>2", "tags") is None
-    with pytest.raises(ValueError, match="valid choices: plain, hash, tags"):
-        extract_answer("1", "boxed")
+    with pytest.raises(ValueError, match="valid choices: plain, hash, tags, boxed, boxed_or_last"):
+        extract_answer("1", "latex")
 
 
 def test_format_solution():

@@ -159,9 +159,11 @@ def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chu
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
-    """Prompt ids: <bos> + the text's tokens (tokenizers here never add specials themselves)."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
+    """Prompt ids: through the model's chat template when it has one, else <bos> + the text's tokens
+    (task.chat_template / task.system_prompt; the rules live in grpo_lab/prompts.py)."""
+    from grpo_lab.prompts import encode_prompt as _encode  # one owner of the prompt format
+
+    return _encode(tokenizer, text)
 
 
 def encode_target(tokenizer, text: str) -> list[int]:

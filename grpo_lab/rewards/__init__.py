@@ -2,17 +2,20 @@
 
 Public API::
 
-    REWARDS: Registry("reward")  correctness | correctness_binary | math_verify | format
+    REWARDS: Registry("reward")  correctness | correctness_binary | math_verify | format | llm_judge
              (or a plug-in "package.module:function", imported on first use by the registry)
-    compute_rewards(completions, items, specs, *, timeout_s, on_error, max_error_frac)
-        -> RewardResult: unpacks as (total, per_reward); .metrics counts failures
+    compute_rewards(completions, items, specs, *, timeout_s, on_error, max_error_frac, settings)
+        -> RewardResult: unpacks as (total, per_reward); .metrics counts failures; .info holds
+           per-sample extras (e.g. "llm_judge/feedback"), .sample_info(i) one sample's
+    RewardValues(values, info={key: per-sample list}): what a reward may return to add such extras
     is_correct(completion, item) -> bool
     extract_answer(completion, fmt) / format_solution(answer, fmt, worked)   (answer formats)
 """
 
-from .answers import ANSWER_FORMATS, extract_answer, format_solution
-from .core import (REWARDS, RewardError, RewardResult, RewardTimeout, compute_rewards, contained_settings, is_correct,
-                   reward_fields)
+from . import llm_judge as _llm_judge  # noqa: F401  (registers "llm_judge"; imports no model until called)
+from .answers import ANSWER_FORMATS, answer_marked, extract_answer, format_solution
+from .core import (REWARDS, RewardError, RewardResult, RewardTimeout, RewardValues, compute_rewards, contained_settings,
+                   is_correct, reward_fields)
 
 __all__ = [
     "ANSWER_FORMATS",
@@ -20,6 +23,8 @@ __all__ = [
     "RewardError",
     "RewardResult",
     "RewardTimeout",
+    "RewardValues",
+    "answer_marked",
     "compute_rewards",
     "contained_settings",
     "extract_answer",

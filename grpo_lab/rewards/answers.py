@@ -12,18 +12,86 @@ hash       ``...worked steps...\\n#### 288``        first line after the LAST ``
                                                    (GSM8K / gsm_symbolic ``answer_cot`` style)
 tags       ``...steps...\\n<answer>288</answer>``   inside the LAST ``<answer>...</answer>``,
                                                    stripped
+boxed      ``...steps...\\n\\boxed{288}``           inside the LAST ``\\boxed{...}`` (braces
+                                                   balanced; MATH / Minerva style)
+boxed_or_  ``-28`` or ``...\\n\\boxed{288}``         what an instruct model writes, first rule that
+last                                               applies: the last ``\\boxed{}``; else after the
+                                                   last ``####``; else the last ``<answer>``
+                                                   element; else the first number after the last
+                                                   "answer is" / "answer:" (the rest of that line if
+                                                   it holds no number); else the LAST number of the
+                                                   completion; else the whole completion (so a bare
+                                                   non-numeric answer still reads as itself)
 =========  =====================================  ==============================================
 
-``extract_answer`` returns ``None`` when the format's marker is missing or the answer is empty;
-the ``format`` reward is 1.0 exactly when it is not ``None``.
+``boxed_or_last`` reads "The answer is -28.", "15 - 43 = -28", "\\boxed{-28}", "**-28**" and "-28."
+all as ``-28`` (markdown ``*``/``$``, a trailing full stop and thousands separators are
+dropped), and "280" as ``280``. It is the answer format chosen for question-form prompts when the
+model answers through a chat template (grpo_lab.prompts.adapt_answer_format).
+
+``extract_answer`` returns ``None`` when the format's marker is missing or the answer is empty.
+``answer_marked`` is stricter for ``boxed_or_last``: it needs an explicit marker (boxed, ``####``,
+tags, or "the answer is"), not merely a number; the ``format`` reward is 1.0 exactly when it holds.
 """
 
 from __future__ import annotations
 
 import re
 
-ANSWER_FORMATS = ("plain", "hash", "tags")
+ANSWER_FORMATS = ("plain", "hash", "tags", "boxed", "boxed_or_last")
 _TAGS = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# "the answer is", "final answer:", "answer =" ... (case-insensitive); the answer follows.
+_PHRASE = re.compile(r"answer\s*(?:is|:|=)\s*(?:equal to|:)?", re.IGNORECASE)
+# A number: optional sign (a "-" right after a digit, letter or ")" is subtraction, not a sign, so
+# "15-43" reads as 15 and 43), digits with optional thousands commas, decimals, or a fraction.
+_NUMBER = re.compile(r"(?:(?<![\w)])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces, else None."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth, j = 1, i
+    while j < len(text):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+        j += 1
+    return None  # unclosed: no answer
+
+
+def _clean(ans: str) -> str:
+    """Strip what instruct models wrap answers in: markdown bold/italics, $...$, a trailing full stop."""
+    ans = ans.strip().strip("*_`$ ").strip()
+    ans = ans.rstrip(".").rstrip()
+    if _NUMBER.fullmatch(ans):
+        ans = ans.replace(",", "")
+    return ans
+
+
+def _marked(completion: str) -> str | None:
+    """boxed_or_last's explicit markers, in order (module table); None when there is none."""
+    boxed = _last_boxed(completion)
+    if boxed is not None:
+        return boxed
+    if "####" in completion:
+        tail = completion.rsplit("####", 1)[1].strip()
+        return tail.splitlines()[0] if tail else ""
+    tags = _TAGS.findall(completion)
+    if tags:
+        return tags[-1]
+    phrases = list(_PHRASE.finditer(completion))
+    if phrases:
+        rest = completion[phrases[-1].end():].strip()
+        line = rest.splitlines()[0] if rest else ""
+        inner = _last_boxed(line)
+        if inner is not None:
+            return inner
+        num = _NUMBER.search(line)
+        return num.group(0) if num else re.split(r"(?<=[^\d])\.\s", line)[0]
+    return None
 
 
 def check_answer_format(fmt: str) -> str:
@@ -44,12 +112,33 @@ def extract_answer(completion: str, fmt: str = "plain") -> str | None:
             return None
         tail = completion.rsplit("####", 1)[1].strip()
         ans = tail.splitlines()[0].strip() if tail else ""
-    else:  # tags
+    elif fmt == "tags":
         found = _TAGS.findall(completion)
         if not found:
             return None
         ans = found[-1].strip()
+    elif fmt == "boxed":
+        boxed = _last_boxed(completion)
+        ans = _clean(boxed) if boxed is not None else ""
+    else:  # boxed_or_last
+        marked = _marked(completion)
+        if marked is not None:
+            ans = _clean(marked)
+        else:
+            numbers = _NUMBER.findall(completion)
+            ans = _clean(numbers[-1]) if numbers else _clean(completion)
     return ans or None
+
+
+def answer_marked(completion: str, fmt: str = "plain") -> bool:
+    """True when ``completion`` states its answer in the format's explicit form (the ``format``
+    reward): for ``boxed_or_last`` a ``\\boxed{}``, ``####``, ``<answer>`` or "the answer is"
+    holding a non-empty answer, not merely a number somewhere; for the others, an answer
+    :func:`extract_answer` can read."""
+    if fmt != "boxed_or_last":
+        return extract_answer(completion, fmt) is not None
+    marked = _marked(completion or "")
+    return marked is not None and bool(_clean(marked))
 
 
 def format_solution(answer: str, fmt: str = "plain", worked: str | None = None) -> str:
@@ -69,7 +158,14 @@ def format_solution(answer: str, fmt: str = "plain", worked: str | None = None) 
                 "worked steps; use answer_format 'hash' or 'tags' for worked solutions"
             )
         return answer
-    if fmt == "hash":
+    if fmt == "boxed_or_last" and not worked:
+        return answer  # a bare answer reads as itself (warm-up targets of question-form tasks)
+    if fmt in ("boxed", "boxed_or_last"):
+        # A worked solution's own final marker (GSM8K "#### 72", a MATH \\boxed{}) is replaced.
+        if "####" in worked:
+            worked = worked.rsplit("####", 1)[0].rstrip()
+        marked = f"The answer is \\boxed{{{answer}}}."
+    elif fmt == "hash":
         if "####" in worked:
             worked = worked.rsplit("####", 1)[0].rstrip()
         marked = f"#### {answer}"

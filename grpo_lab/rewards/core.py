@@ -2,12 +2,27 @@
 
 One signature for every reward (the ``REWARDS`` registry)::
 
-    fn(completions: list[str], **fields: list) -> list[float]
+    fn(completions: list[str], **fields: list, **settings) -> list[float] | RewardValues
 
-Every field is a list aligned with ``completions``: always ``answer`` and ``solution`` (from the
-``TaskItem``), plus every key of ``TaskItem.fields`` (``answer_format``; reasoning-gym items add
-``rg_dataset``, ``rg_config``, ``rg_entry``). Functions take ``**_`` for fields they do not use.
-Completions are the generated text only (no prompt), special tokens already stripped.
+Every field is a list aligned with ``completions``: always ``prompt``, ``answer`` and ``solution``
+(from the ``TaskItem``; ``prompt`` is the task's text, before any chat template), plus every key of
+``TaskItem.fields`` (``answer_format``; reasoning-gym items add ``rg_dataset``, ``rg_config``,
+``rg_entry``). Functions take ``**_`` for fields they do not use. Completions are the generated
+text only (no prompt), special tokens already stripped.
+
+**Settings** (``compute_rewards(settings=...)``, from the ``reward`` config section through
+:func:`contained_settings`, e.g. ``judge`` for ``llm_judge``): a function receives the settings its
+signature names (all of them if it takes ``**kwargs``), as ``Registry.call`` does.
+
+**Per-sample text beside the value (the side channel)**: a function may return
+:class:`RewardValues` ``(values, info={key: list aligned with completions})`` instead of a plain
+list, e.g. ``llm_judge``'s written feedback. ``compute_rewards`` collects it into
+``RewardResult.info["<reward>/<key>"]`` (``None`` for samples whose reward failed), so the caller
+can write it beside each sample (``samples.jsonl``). A ``RewardValues`` is a list, so callers that
+only want the values need nothing new.
+
+Facts on ``REWARDS`` entries: ``check(reward_cfg, errors)`` validates the reward's own settings before
+anything loads (None = none), like the ``check`` fact of task sources.
 
 The final answer is read from a completion with the item's answer format
 (:mod:`grpo_lab.rewards.answers`): the whole stripped completion for ``plain`` (compact tasks),
@@ -26,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import inspect
 import json
 import logging
 import math
@@ -36,14 +52,25 @@ from typing import Any
 
 from grpo_lab.registry import Registry
 
-from .answers import extract_answer
+from .answers import answer_marked, extract_answer
 
 log = logging.getLogger(__name__)
 
-REWARDS = Registry("reward")
+# Fact: `check(reward_cfg, errors)` validates the reward's settings before anything loads (None = none).
+REWARDS = Registry("reward", defaults={"check": None})
 
 # Keys compute_rewards passes itself; TaskItem.fields must not use them.
-RESERVED_FIELDS = ("completions", "answer", "solution")
+RESERVED_FIELDS = ("completions", "prompt", "answer", "solution")
+
+
+class RewardValues(list):
+    """A reward function's values plus per-sample extras: ``info`` maps a key to a list aligned with
+    the completions (e.g. ``{"feedback": [judge text, ...]}``). Collected by :func:`compute_rewards`
+    into ``RewardResult.info`` (module docstring); otherwise just the list of values."""
+
+    def __init__(self, values: Any = (), info: dict[str, list] | None = None):
+        super().__init__(values)
+        self.info = dict(info or {})
 
 
 def _fmts(n: int, answer_format: Sequence[str | None] | None) -> list[str]:
@@ -131,8 +158,10 @@ def math_verify_reward(
             out.append(0.0)
             continue
         try:
-            gold = parse(str(answer[i]), parsing_timeout=timeout)
-            pred = parse(ext, parsing_timeout=timeout)
+            # A bare LaTeX answer (a \\boxed{} content such as "\\dfrac{1}{3}") parses only inside math
+            # delimiters (math-verify's LaTeX extraction looks for $...$ / \\boxed); retry it that way.
+            gold = parse(str(answer[i]), parsing_timeout=timeout) or parse(f"${answer[i]}$", parsing_timeout=timeout)
+            pred = parse(ext, parsing_timeout=timeout) or parse(f"${ext}$", parsing_timeout=timeout)
             ok = bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout)
         except Exception as e:
             log.debug("math_verify failed on %r vs %r: %r", ext, answer[i], e)
@@ -143,13 +172,15 @@ def math_verify_reward(
 
 @REWARDS.register("format")
 def format_reward(completions: list[str], *, answer_format: list[str] | None = None, **_: Any) -> list[float]:
-    """1.0 if an answer can be extracted under the item's answer format, else 0.0.
+    """1.0 if the completion states its answer in the item's answer format's explicit form, else 0.0.
 
-    Meaningful for worked-solution formats (``hash``: a ``####`` line; ``tags``: an
-    ``<answer>`` element); for ``plain`` it only says the completion is not blank.
+    Meaningful for worked-solution formats (``hash``: a ``####`` line; ``tags``: an ``<answer>``
+    element; ``boxed``: a ``\\boxed{}``) and for the instruct style ``boxed_or_last``, where it asks
+    for ``\\boxed{N}``, ``#### N``, ``<answer>N</answer>`` or "The answer is N" rather than a number
+    merely appearing (``answers.answer_marked``); for ``plain`` it only says the completion is not blank.
     """
     fmts = _fmts(len(completions), answer_format)
-    return [0.0 if extract_answer(c, fmts[i]) is None else 1.0 for i, c in enumerate(completions)]
+    return [1.0 if answer_marked(c, fmts[i]) else 0.0 for i, c in enumerate(completions)]
 
 
 def reward_fields(items: Sequence[Any]) -> dict[str, list]:
@@ -163,7 +194,8 @@ def reward_fields(items: Sequence[Any]) -> dict[str, list]:
     bad = [k for k in keys if k in RESERVED_FIELDS]
     if bad:
         raise ValueError(f"TaskItem.fields must not use the reserved names {bad} ({RESERVED_FIELDS})")
-    fields: dict[str, list] = {"answer": [it.answer for it in items], "solution": [it.solution for it in items]}
+    fields: dict[str, list] = {"prompt": [it.prompt for it in items], "answer": [it.answer for it in items],
+                               "solution": [it.solution for it in items]}
     for k in keys:
         fields[k] = [it.fields.get(k) for it in items]
     return fields
@@ -183,12 +215,20 @@ class RewardError(RuntimeError):
 
 class RewardResult(tuple):
     """``(total, per_reward)`` (unpacks as before) plus ``.metrics``: the failure counts
-    ``reward/errors`` (raised or non-finite), ``reward/timeouts`` and ``reward/failed_frac``."""
+    ``reward/errors`` (raised or non-finite), ``reward/timeouts`` and ``reward/failed_frac``; and
+    ``.info``: per-sample extras the functions returned (``{"<reward>/<key>": list}``, see
+    :class:`RewardValues`)."""
 
-    def __new__(cls, total: list[float], per: dict[str, list[float]], metrics: dict[str, float]):
+    def __new__(cls, total: list[float], per: dict[str, list[float]], metrics: dict[str, float],
+                info: dict[str, list] | None = None):
         self = super().__new__(cls, (total, per))
         self.metrics = metrics
+        self.info = dict(info or {})
         return self
+
+    def sample_info(self, i: int) -> dict[str, Any]:
+        """The extras of sample ``i`` (e.g. ``{"llm_judge/feedback": "Score: 7/10 ..."}``), to log beside it."""
+        return {k: v[i] for k, v in self.info.items()}
 
     @property
     def total(self) -> list[float]:
@@ -264,6 +304,7 @@ def compute_rewards(
     timeout_s: float | None = None,
     on_error: float = 0.0,
     max_error_frac: float = 0.0,
+    settings: dict[str, Any] | None = None,
 ) -> RewardResult:
     """Weighted sum of reward functions, with failures contained.
 
@@ -280,6 +321,7 @@ def compute_rewards(
     ``max_error_frac`` of the samples failed, :class:`RewardError` is raised (as soon as that is
     certain, so a function hanging on every sample costs about ``max_error_frac * n + 1`` timeouts,
     not ``n``). A function returning the wrong number of values is a bug and raises at once.
+    ``settings`` reach the functions whose signature names them (module docstring).
     """
     n = len(completions)
     if len(items) != n:
@@ -293,7 +335,25 @@ def compute_rewards(
         raise ValueError(f"rewards listed more than once: {dup}; give each reward one weight")
     fns = {name: REWARDS.get(name) for name in names}  # registered, or a plug-in 'package.module:function'
     fields = reward_fields(items)
+    settings = dict(settings or {})
+    clash = sorted(set(settings) & set(fields))
+    if clash:
+        raise ValueError(f"reward settings {clash} have the names of per-sample fields; rename them")
     completions = list(completions)
+    info: dict[str, list] = {}
+
+    def call(fn: Any, comps: list[str], flds: dict[str, list]) -> Any:
+        params = inspect.signature(fn).parameters
+        takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        return fn(comps, **flds, **{k: v for k, v in settings.items() if takes_all or k in params})
+
+    def extras(name: str, raw: Any, m: int) -> dict[str, list]:
+        got = getattr(raw, "info", None) or {}
+        for key, vals in got.items():
+            if len(vals) != m:
+                raise RuntimeError(f"reward {name!r} returned info[{key!r}] with {len(vals)} entries for {m} "
+                                   "completions")
+        return got
     failed: dict[int, str] = {}  # sample -> first failure, for the message
     counts = {"errors": 0, "timeouts": 0}
     budget = int(max_error_frac * n + 1e-9)  # failed samples tolerated
@@ -337,7 +397,7 @@ def compute_rewards(
         fn = fns[name]
         try:
             with _deadline(timeout_s):
-                raw = fn(completions, **fields)
+                raw = call(fn, completions, fields)
             batch_failure = None
         except RewardTimeout:
             batch_failure = f"timed out on the batch (reward.timeout_s={timeout_s:g})"
@@ -345,6 +405,8 @@ def compute_rewards(
             batch_failure = f"{type(e).__name__}: {e}"
         if batch_failure is None:
             vals = [one_value(name, i, v) for i, v in enumerate(check_len(name, raw, n))]
+            for key, col in extras(name, raw, n).items():
+                info[f"{name}/{key}"] = list(col)
         else:
             log.warning("reward %r failed on the whole batch (%s); scoring each sample alone", name, batch_failure)
             vals = []
@@ -352,8 +414,11 @@ def compute_rewards(
                 one = {k: [v[i]] for k, v in fields.items()}
                 try:
                     with _deadline(timeout_s):
-                        out = check_len(name, fn([completions[i]], **one), 1)
+                        raw_one = call(fn, [completions[i]], one)
+                        out = check_len(name, raw_one, 1)
                     vals.append(one_value(name, i, out[0]))
+                    for key, col in extras(name, raw_one, 1).items():
+                        info.setdefault(f"{name}/{key}", [None] * n)[i] = col[0]
                 except RewardTimeout:
                     fail(i, name, "timeouts", f"ran past reward.timeout_s={timeout_s:g}")
                     vals.append(on_error)
@@ -373,13 +438,22 @@ def compute_rewards(
         total = [t + w * v for t, v in zip(total, vals)]
     metrics = {"reward/errors": float(counts["errors"]), "reward/timeouts": float(counts["timeouts"]),
                "reward/failed_frac": len(failed) / max(n, 1)}
-    return RewardResult(total, per, metrics)
+    return RewardResult(total, per, metrics, info)
 
 
 def contained_settings(reward_cfg: Any) -> dict[str, Any]:
-    """The keyword arguments of :func:`compute_rewards` from a ``reward`` config section."""
-    return {"timeout_s": reward_cfg.timeout_s, "on_error": float(reward_cfg.on_error),
-            "max_error_frac": float(reward_cfg.max_error_frac)}
+    """The keyword arguments of :func:`compute_rewards` from a ``reward`` config section (``settings``:
+    the sections reward functions read, e.g. ``judge`` for ``llm_judge``, as plain dicts)."""
+    out = {"timeout_s": reward_cfg.timeout_s, "on_error": float(reward_cfg.on_error),
+           "max_error_frac": float(reward_cfg.max_error_frac)}
+    judge = getattr(reward_cfg, "judge", None) if not isinstance(reward_cfg, dict) else reward_cfg.get("judge")
+    if judge is not None:
+        if hasattr(judge, "_metadata"):  # a DictConfig: resolve ${cache_dir} and the like
+            from omegaconf import OmegaConf
+
+            judge = OmegaConf.to_container(judge, resolve=True)
+        out["settings"] = {"judge": dict(judge)}
+    return out
 
 
 def is_correct(completion: str, item: Any) -> bool:

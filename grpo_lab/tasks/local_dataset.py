@@ -1,20 +1,37 @@
-"""Task source ``local_dataset``: a JSONL/JSON/parquet/CSV file (or files), or a HF hub dataset.
+"""Task source ``local_dataset``: a JSONL/JSON/parquet/CSV file (or files), a ``save_to_disk``
+directory, or a HF hub dataset.
 
-Files load with ``datasets.load_dataset("json" | "parquet" | "csv", data_files=...)``; anything
-that is not an existing path is treated as a hub name (``load_dataset(name)``), which fails here
-without network: the error then says to download the file and pass its local path.
+Files load with ``datasets.load_dataset("json" | "parquet" | "csv", data_files=...)``; a directory
+written by ``Dataset(Dict).save_to_disk`` with ``datasets.load_from_disk``; any other directory
+with ``load_dataset(dir)``; anything that is not an existing path is treated as a hub name
+(``load_dataset(name, hub_config)``, e.g. ``task.path=openai/gsm8k task.hub_config=main``), which
+fails here without network: the error then says to download the file and pass its local path.
 
-Splits: ``path`` may be one file, or a mapping of split name -> file. Each of our splits
-(train/dev/test) is taken from the source split named in ``splits`` (default: train <- "train",
+Splits: ``path`` may be one file, or a mapping of split name -> file; ``splits`` may also map our
+splits straight to files (``splits={train: a.jsonl, test: b.jsonl}`` with no ``path``). Each of our
+splits (train/dev/test) is taken from the source split named in ``splits`` (default: train <- "train",
 dev <- "dev" or "validation", test <- "test", where present). A split the source lacks is carved
 from the source's train split after a seeded shuffle (test first, then dev), ``test_size`` /
 ``dev_size`` items each. For a split the source has, the size caps it (first N rows; ``None``
 keeps all). Train rows whose prompt is also a dev/test prompt are removed (before carving, so
 carved splits stay disjoint from given ones too), as for reasoning-gym.
 
-GSM8K-style data (``answer`` holds worked steps ending in ``#### 72``): pass
-``answer_field="answer", solution_field="answer", answer_format="hash"``; the reference answer
-is then extracted from the field with the format's rule (here: ``72``).
+Reference answers (:func:`reference_answer`): GSM8K-style fields holding worked steps that end
+in ``#### 72`` give ``72``; MATH-style fields holding ``\\boxed{...}`` give the boxed content; any
+other value is the answer as written (stripped). So GSM8K needs only
+``prompt_field=question answer_field=answer solution_field=answer`` (the worked steps become the
+warm-up target, ending in the answer written in ``answer_format``), e.g.
+``task.source=local_dataset task.path=/data/gsm8k_train.jsonl task.prompt_field=question
+task.solution_field=answer task.answer_format=boxed_or_last task.max_completion_tokens=256
+model=smollm2_135m rollout.max_model_len=1024 reward=math_verify`` (or, where the hub is reachable,
+``task.path=openai/gsm8k task.hub_config=main``); and MATH
+``prompt_field=problem answer_field=solution solution_field=solution``. Answers are checked by
+``reward=math_verify`` (equivalence, e.g. ``1/2`` = ``\\frac{1}{2}``) or ``correctness`` (exact).
+
+Checked when the task is built, before any model loads (every split, every row): an empty split,
+a malformed JSONL line (file and line named), a file ``datasets`` cannot read (file named), a row
+without the prompt or answer field (split and row named), and an answer that comes out empty or
+``None``/``nan`` are errors, never a silent reference answer of ``"None"``.
 """
 
 from __future__ import annotations
@@ -26,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lab.rewards.answers import check_answer_format, extract_answer, format_solution
+
+# Reference answers that mean "no answer": a null written out by str(), pandas' NaN, an empty cell.
+_NO_ANSWER = {"", "none", "nan", "null"}
 
 from .base import SPLITS, TASKS, Task, TaskItem, remove_train_overlap
 
@@ -81,8 +101,38 @@ def check_jsonl(path: str | Path, required: Sequence[str] = ()) -> int:
     return n
 
 
-def load_source(path: str | Mapping[str, str]) -> dict[str, Any]:
-    """``{source split name: datasets.Dataset}`` from local file(s) or a hub name."""
+def reference_answer(raw: Any, answer_format: str) -> str:
+    """The reference answer in a dataset field: after the last ``####`` (GSM8K), else inside the last
+    ``\\boxed{}`` (MATH), else as the answer format reads it, else the value stripped. ``""`` when none."""
+    if raw is None or (isinstance(raw, float) and raw != raw):  # None, NaN (an empty CSV/parquet cell)
+        return ""
+    text = str(raw)
+    for fmt in ("hash", "boxed"):
+        marked = ("####" in text) if fmt == "hash" else ("\\boxed{" in text or "\\fbox{" in text)
+        if marked:
+            return extract_answer(text, fmt) or ""
+    return (extract_answer(text, answer_format) if answer_format in ("tags",) else None) or text.strip()
+
+
+def _is_save_to_disk_dir(p: Path) -> bool:
+    # Dataset.save_to_disk writes state.json + dataset_info.json; DatasetDict.save_to_disk writes
+    # dataset_dict.json with one such directory per split (datasets/arrow_dataset.py, dataset_dict.py).
+    return (p / "dataset_dict.json").is_file() or ((p / "state.json").is_file() and (p / "dataset_info.json").is_file())
+
+
+def _load_files(builder: str, data_files: dict[str, str]) -> dict[str, Any]:
+    import datasets
+
+    try:
+        return dict(datasets.load_dataset(builder, data_files=data_files))
+    except Exception as e:  # datasets' own messages rarely name the file (a bare StopIteration, ArrowInvalid)
+        raise ValueError(f"could not read {', '.join(data_files.values())} as {builder} ({type(e).__name__}: "
+                         f"{e}). Check the file's format and contents") from e
+
+
+def load_source(path: str | Mapping[str, str], hub_config: str | None = None) -> dict[str, Any]:
+    """``{source split name: datasets.Dataset}`` from local file(s), a ``save_to_disk`` directory,
+    another local directory, or a hub name (``hub_config``: the hub dataset's configuration)."""
     import datasets
 
     if isinstance(path, Mapping):
@@ -90,36 +140,54 @@ def load_source(path: str | Mapping[str, str]) -> dict[str, Any]:
         for f in data_files.values():
             if not Path(f).is_file():
                 raise FileNotFoundError(f"data file {f!r} does not exist")
-        return dict(datasets.load_dataset(_builder_for(list(data_files.values())), data_files=data_files))
+        return _load_files(_builder_for(list(data_files.values())), data_files)
     path = str(path)
     p = Path(path).expanduser()
     if p.is_file():
-        return dict(datasets.load_dataset(_builder_for([str(p)]), data_files={"train": str(p)}))
+        return _load_files(_builder_for([str(p)]), {"train": str(p)})
     if p.is_dir():
+        if _is_save_to_disk_dir(p):
+            loaded = datasets.load_from_disk(str(p))
+            # A single saved Dataset is the train split; a DatasetDict keeps its own split names.
+            return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         return dict(datasets.load_dataset(str(p)))
     if _looks_like_file(path):
         raise FileNotFoundError(f"data file {path!r} does not exist")
     try:
-        return dict(datasets.load_dataset(path))
+        return dict(datasets.load_dataset(path, hub_config))
     except Exception as e:  # offline: ConnectionError, LocalEntryNotFoundError, DatasetNotFoundError...
         raise RuntimeError(
-            f"could not load {path!r} from the Hugging Face hub ({type(e).__name__}: {e}). The hub is not "
-            "reachable from this machine: download the dataset file (JSONL/parquet/CSV) elsewhere and pass "
-            "its local path, e.g. task.path=/data/gsm8k_train.jsonl"
+            f"could not load {path!r}{f' (config {hub_config!r})' if hub_config else ''} from the Hugging Face "
+            f"hub ({type(e).__name__}: {e}). If the hub is not reachable from this machine, download the dataset file "
+            "(JSONL/parquet/CSV, or a save_to_disk directory) elsewhere and pass its local path, e.g. "
+            "task.path=/data/gsm8k_train.jsonl"
         ) from e
 
 
+def _split_files(splits: Mapping[str, str] | None) -> dict[str, str] | None:
+    """``splits`` when every value names a data file (``{train: a.jsonl, test: b.jsonl}``), else None."""
+    if not splits:
+        return None
+    vals = [str(v) for v in splits.values()]
+    return dict(splits) if all(_looks_like_file(v) or Path(v).expanduser().is_file() for v in vals) else None
+
+
 def check_local_dataset(t: Any, errors: list[str]) -> None:
-    """task.source=local_dataset settings."""
-    if not t.path and not t.splits:
-        errors.append("task.source=local_dataset needs task.path=/path/to/data.jsonl (or .parquet/.csv; a "
-                      "mapping task.splits={train: a.jsonl, test: b.jsonl} for pre-split data)")
+    """task.source=local_dataset settings (the data itself is checked when the task is built, which
+    is still before any model loads)."""
+    if not t.path and not _split_files(t.splits):
+        errors.append("task.source=local_dataset needs task.path=/path/to/data.jsonl (or .parquet/.csv, a "
+                      "save_to_disk directory, or a hub name such as openai/gsm8k with task.hub_config=main), or "
+                      "task.splits={train: a.jsonl, test: b.jsonl} for pre-split files")
+    for key in ("prompt_field", "answer_field"):
+        if not t[key]:
+            errors.append(f"task.{key} is empty: name the dataset column that holds the {key.split('_')[0]}")
 
 
 @TASKS.register("local_dataset", check=check_local_dataset)
 def local_dataset_task(
     *,
-    path: str | Mapping[str, str],
+    path: str | Mapping[str, str] | None = None,
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     solution_field: str | None = None,
@@ -128,17 +196,28 @@ def local_dataset_task(
     dev_size: int | None = 200,
     test_size: int | None = 200,
     seed: int = 0,
-    answer_format: str = "plain",
+    answer_format: str | None = None,
     prompt_template: str = "{prompt}",
     extra_fields: Sequence[str] = (),
     name: str | None = None,
+    hub_config: str | None = None,
 ) -> Task:
-    """Build a Task from tabular data; see the module docstring for split handling.
+    """Build a Task from tabular data; see the module docstring for split handling and checks.
 
     ``solution_field`` defaults to the answer. ``extra_fields`` columns are copied into
-    ``TaskItem.fields`` (so reward functions receive them).
+    ``TaskItem.fields`` (so reward functions receive them). ``answer_format`` None means ``plain``
+    (switched to ``boxed_or_last`` for chat models by grpo_lab.prompts.adapt_answer_format).
     """
-    check_answer_format(answer_format)
+    defaulted = answer_format is None
+    answer_format = check_answer_format(answer_format or "plain")
+    if path is None:
+        path = _split_files(splits)
+        if path is None:
+            raise ValueError("local_dataset needs path=<file, directory or hub name>, or splits={train: a.jsonl, "
+                             "...} naming files")
+        splits = None  # the files' keys are our split names
+    elif _split_files(splits) is not None:
+        raise ValueError(f"give the files either in path or in splits, not both (path={path!r}, splits={dict(splits)})")
     if "{prompt}" not in prompt_template:
         raise ValueError(f"prompt_template must contain '{{prompt}}', got {prompt_template!r}")
     needed = [prompt_field, answer_field, *([solution_field] if solution_field else []), *extra_fields]
@@ -146,7 +225,7 @@ def local_dataset_task(
     for f in files.values():
         if str(f).endswith(".jsonl") and Path(str(f)).expanduser().is_file():
             check_jsonl(Path(str(f)).expanduser(), needed)
-    source = load_source(path)
+    source = load_source(path, hub_config)
     sizes = {"train": train_size, "dev": dev_size, "test": test_size}
     mapping = dict(splits) if splits is not None else {}
     for ours in SPLITS:
@@ -165,20 +244,34 @@ def local_dataset_task(
     def rows(ds: Any) -> list[dict[str, Any]]:
         return [dict(r) for r in ds]
 
-    train_rows = rows(source[mapping["train"]])
-    if not train_rows:
-        raise ValueError(f"{path!r}: the train split {mapping['train']!r} has no rows; task.path must hold data")
-    columns = set(train_rows[0])
-    missing = [c for c in needed if c not in columns]
-    if missing:
-        raise ValueError(f"{path!r} lacks columns {missing}; its columns are {sorted(columns)}. Set "
-                         "task.prompt_field / task.answer_field / task.solution_field to the right names")
-    for s_name in {mapping[s] for s in mapping}:
-        for i, r in enumerate(rows(source[s_name])):
+    # Every source split we use, every row: before any model loads (module docstring).
+    for ours in ("train", "dev", "test"):
+        if ours not in mapping:
+            continue
+        s_name = mapping[ours]
+        ds = source[s_name]
+        if len(ds) == 0:
+            raise ValueError(f"{path!r}: the {s_name!r} split (our {ours} split) has no rows; every split must hold "
+                             "data (or leave dev/test out of task.splits to carve them from train)")
+        columns = set(ds.column_names)
+        missing = [c for c in needed if c not in columns]
+        if missing:
+            raise ValueError(f"{path!r}, split {s_name!r}, lacks columns {missing}; its columns are "
+                             f"{sorted(columns)}. Set task.prompt_field / task.answer_field / task.solution_field "
+                             "to the right names")
+        for i, r in enumerate(ds):
             for c in needed:
-                if r.get(c) is None:
+                v = r.get(c)
+                if v is None or (isinstance(v, float) and v != v) or (c == prompt_field and not str(v).strip()):
                     raise ValueError(f"{path!r}, split {s_name!r}, row {i + 1}: the {c!r} field is empty or "
                                      "missing; every row needs it")
+            ans = reference_answer(r[answer_field], answer_format)
+            if ans.strip().lower() in _NO_ANSWER:
+                raise ValueError(f"{path!r}, split {s_name!r}, row {i + 1}: the reference answer read from "
+                                 f"{answer_field!r} ({str(r[answer_field])[-80:]!r}) is {ans!r}; fix the row, or "
+                                 "point task.answer_field at the column holding the answer")
+
+    train_rows = rows(source[mapping["train"]])
 
     raw: dict[str, list[dict[str, Any]]] = {}
     for s in ("dev", "test"):
@@ -205,8 +298,7 @@ def local_dataset_task(
     raw["train"] = train_rows if train_size is None else train_rows[: int(train_size)]
 
     def item(r: dict[str, Any]) -> TaskItem:
-        ans_raw = str(r[answer_field])
-        answer = extract_answer(ans_raw, answer_format) or ans_raw.strip()
+        answer = reference_answer(r[answer_field], answer_format)
         if solution_field:
             sol_raw = str(r[solution_field])
             solution = sol_raw if answer_format == "plain" else format_solution(answer, answer_format, sol_raw)
@@ -224,6 +316,9 @@ def local_dataset_task(
         "source": "local_dataset",
         "path": str(path) if not isinstance(path, Mapping) else dict(path),
         "split_map": mapping,
+        "answer_format": answer_format,
+        # Left to the source (plain): read with boxed_or_last for chat models (grpo_lab.prompts).
+        "answer_format_defaulted": defaulted,
         "carved": carved,
         "sizes": {s: len(v) for s, v in out.items()},
         **overlap,

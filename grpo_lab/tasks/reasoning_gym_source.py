@@ -238,6 +238,9 @@ def reasoning_gym_task(
         "dataset_kwargs": kw,
         "prompt_format": prompt_format,
         "answer_format": fmt,
+        # Left to the source and plain on question-form prompts: grpo_lab.prompts.adapt_answer_format
+        # reads such answers with boxed_or_last when the model answers through a chat template.
+        "answer_format_defaulted": answer_format is None and fmt == "plain" and prompt_format == "question",
         "seeds": seeds,
         "sizes_requested": sizes,
         "sizes": {s: len(v) for s, v in splits.items()},
