@@ -361,6 +361,11 @@ class TrainerConfig:
     # null = fresh run; "auto" = continue from the newest checkpoint of this run directory (if any);
     # or a checkpoint directory (<run dir>/checkpoints/step_N) to continue from.
     resume: Optional[str] = None
+    # Every this many steps, the first trainer.samples_per_log training samples (prompt, completion, reward,
+    # answer, reward functions' extras such as a judge's feedback) go to samples.jsonl and a wandb Table;
+    # every evaluation logs its first samples_per_log completions too. 0 = training samples off.
+    log_samples_every: int = 10
+    samples_per_log: int = 8
     # How many updates the sampler may run ahead of the learner: 0 = synchronous (sample, learn, push;
     # the default and what the paper tables use); 1 = the engine samples step k+1 while the learner
     # trains on step k, from weights at most one update old (grpo_lab/phases.py: RolloutPipeline).
@@ -583,6 +588,8 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     _check(t.checkpoint_every >= 0, f"trainer.checkpoint_every={t.checkpoint_every} must be >= 0 (0 = only the "
            "final policy)", errors)
     _check(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1", errors)
+    _check(t.log_samples_every >= 0 and t.samples_per_log >= 0, f"trainer.log_samples_every="
+           f"{t.log_samples_every} and trainer.samples_per_log={t.samples_per_log} must be >= 0 (0 = off)", errors)
     _check(t.max_staleness in (0, 1), f"trainer.max_staleness={t.max_staleness}; valid choices: 0 (synchronous) "
            "or 1 (sample the next step while the learner trains)", errors)
     _check(t.max_bad_steps >= 0, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0", errors)

@@ -12,13 +12,14 @@ from grpo_lab.rewards import is_correct
 
 
 def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature: float = 0.0, n: int = 1,
-             seed: int = 0) -> dict:
+             seed: int = 0, samples: list | None = None, max_samples: int = 0) -> dict:
     """Accuracy of `n` completions per held-out item, and the mean completion length of right and wrong ones.
 
     engine: any RolloutEngine (grpo_lab.rollout); its weights are the ones evaluated.
     Returns eval/accuracy (fraction of the len(items) * n completions that are correct),
     eval/completion_len_mean and eval/wrong_len_mean (tokens; 0 when nothing is wrong) and eval/n
-    (number of items).
+    (number of items). With `samples` (a list), its first `max_samples` completions are appended to
+    it as readable rows (prompt, completion, answer, correct) for samples.jsonl.
     """
     prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
     out = engine.generate(prompts, n=n, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
@@ -27,6 +28,9 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
     correct = [is_correct(t, items[k // n]) for k, t in enumerate(out.texts)]
     lengths = [len(c) for c in out.completion_ids]
     wrong = [m for m, ok in zip(lengths, correct) if not ok]
+    if samples is not None:
+        samples.extend({"prompt": items[k // n].prompt, "completion": out.texts[k], "answer": items[k // n].answer,
+                        "correct": bool(correct[k])} for k in range(min(max_samples, len(out.texts))))
     return {"eval/accuracy": sum(correct) / max(len(items) * n, 1),
             "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
             "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,

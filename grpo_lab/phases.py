@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,10 +53,21 @@ class ScoredRollout:
     items: list
     rewards: torch.Tensor                     # [N] reward used for learning (after shaping)
     correct: torch.Tensor                     # [N] 1.0 where the task's scorer says correct
+    # Per-sample extras the reward functions returned, e.g. {"llm_judge/feedback": [N texts]}.
+    info: dict = field(default_factory=dict)
 
     def select(self, keep: list[int]) -> "ScoredRollout":
         return ScoredRollout(self.rollout.select(keep), [self.items[i] for i in keep],
-                             self.rewards[keep], self.correct[keep])
+                             self.rewards[keep], self.correct[keep],
+                             {k: [v[i] for i in keep] for k, v in self.info.items()})
+
+    def sample_rows(self, limit: int) -> list[dict]:
+        """The first `limit` samples as readable rows (prompt, completion, reward, answer, correct, group,
+        and the reward functions' extras), for samples.jsonl and the wandb samples table."""
+        r = self.rollout
+        return [{"group": r.group_ids[i], "prompt": self.items[i].prompt, "completion": r.texts[i],
+                 "reward": float(self.rewards[i]), "answer": self.items[i].answer, "correct": bool(self.correct[i]),
+                 **{k: v[i] for k, v in self.info.items()}} for i in range(min(limit, len(r)))]
 
     @staticmethod
     def concat(parts: list["ScoredRollout"]) -> "ScoredRollout":
@@ -66,8 +77,10 @@ class ScoredRollout:
             r.group_ids = [g + offset for g in r.group_ids]
             offset = max(r.group_ids, default=offset - 1) + 1
             shifted.append(r)
+        keys = set().union(*(p.info for p in parts))
+        info = {k: [x for p in parts for x in p.info.get(k, [None] * len(p.rollout))] for k in keys}
         return ScoredRollout(Rollout.concat(shifted), [i for p in parts for i in p.items],
-                             torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]))
+                             torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]), info)
 
 
 def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: int, seed: int) -> Rollout:
@@ -94,7 +107,7 @@ def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new
                                         penalty=algo_cfg.overlong.soft_penalty)
         rewards = rewards + penalty
         metrics["reward/overlong_penalty"] = float(penalty.mean())
-    return ScoredRollout(rollout, seq_items, rewards, correct), metrics
+    return ScoredRollout(rollout, seq_items, rewards, correct, result.info), metrics
 
 
 def group_size_at(step: int, rollout_cfg) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import hydra
 import torch
+from transformers import AutoTokenizer
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -28,12 +29,14 @@ from tqdm.auto import tqdm
 
 from grpo_lab import checkpoint
 from grpo_lab.config import ConfigError, finalize, register_configs, validate
+from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import Learner, resolve_device, set_cpu_threads
 from grpo_lab.learner.sft import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
 from grpo_lab.memory_plan import plan_memory
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.objectives import OBJECTIVES
+from grpo_lab.prompts import prepare_for_model
 from grpo_lab.phases import RewardNormalizer, RolloutPipeline, evaluate, rollout_metrics, to_learner_batch
 from grpo_lab.rollout import ROLLOUT_ENGINES, make_engine
 from grpo_lab.tasks import build_task
@@ -51,6 +54,8 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     alphabet = task.alphabet()
     base_dir = cache / "models" / cache_key(cfg.model, alphabet, cfg.seed)
     base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed, **model_kwargs))
+    # Before the warm-up formats its targets: a chat model reads answers in its own style.
+    prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
     if cfg.warmup.max_steps == 0:
         return base_dir, {"skipped": True}
     warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed)
@@ -85,6 +90,16 @@ def schedule_done(cfg: DictConfig, step: int, samples: int) -> bool:
     return step >= t.total_steps or (t.total_samples is not None and samples >= t.total_samples)
 
 
+def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, recorder: RunRecorder, *,
+                             step: int) -> dict:
+    """Greedy held-out evaluation; its first trainer.samples_per_log completions go to samples.jsonl."""
+    rows: list[dict] = []
+    metrics = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens, samples=rows,
+                       max_samples=cfg.trainer.samples_per_log)
+    recorder.log_samples(rows, step=step, kind="eval")
+    return metrics
+
+
 def learner_threads(cfg: DictConfig) -> int:
     """CPU threads for the learner when learner.num_threads is null: half the cores when something else
     computes at the same time (an engine in its own process, or sampling ahead in a thread), else all
@@ -99,7 +114,8 @@ def learner_threads(cfg: DictConfig) -> int:
 def check_context(cfg: DictConfig, task, tokenizer) -> None:
     """The longest prompt plus rollout.max_new_tokens must fit the engine's context: checked on the
     tokenized prompts before any engine starts, not as a failure inside it."""
-    longest = max((len(tokenizer.encode(it.prompt)) + 1 for split in task.splits.values() for it in split), default=0)
+    longest = max((len(encode_prompt(tokenizer, it.prompt)) for split in task.splits.values() for it in split),
+                  default=0)
     if longest + cfg.rollout.max_new_tokens > cfg.rollout.max_model_len:
         raise ConfigError(
             f"rollout.max_model_len={cfg.rollout.max_model_len} is too small: the longest prompt of task "
@@ -109,14 +125,12 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
 
 
 def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
-    from transformers import AutoTokenizer
-
     torch.manual_seed(cfg.seed)
     set_cpu_threads(cfg.learner.num_threads or learner_threads(cfg))
     device = resolve_device(cfg.learner.device)
     task = build_task(cfg.task)
     policy_dir, warm = build_policy(cfg, task, device)
-    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(policy_dir)), cfg.task)
     check_context(cfg, task, tokenizer)
     a, t = cfg.algorithm, cfg.trainer
     objective = OBJECTIVES.get(a.objective)
@@ -127,7 +141,6 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
         learner.load_state(resume_from / "policy", state["learner"])
     engine = make_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
     eval_items = task.splits[t.eval_split]
-    max_new = cfg.rollout.max_new_tokens
     sampler = objective.make_sampler(cfg, engine, tokenizer, task.splits["train"])
     pipeline = RolloutPipeline(sampler, cfg, max_staleness=t.max_staleness)
     normalizer = RewardNormalizer(a.reward_ema_decay)
@@ -139,7 +152,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
             checkpoint.set_rng_state(state["rng"])
             step, samples, bad_steps, before = state["step"], state["samples"], state["bad_steps"], state["before"]
         else:
-            before = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
+            before = evaluate_and_log_samples(engine, tokenizer, eval_items, cfg, recorder, step=0)
             recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
             step = samples = bad_steps = 0
         progress = ProgressLine(total=t.total_steps, desc=cfg.run_name, start=step)
@@ -188,8 +201,10 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
                             "perf/cpu_time_s": time.process_time() - cpu_step,
                             "actor/skipped_steps": float(bad_steps)})
             if t.eval_every and step % t.eval_every == 0 and not schedule_done(cfg, step, samples):
-                last_eval = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
+                last_eval = evaluate_and_log_samples(engine, tokenizer, eval_items, cfg, recorder, step=step)
                 metrics.update(last_eval)
+            if t.log_samples_every and step % t.log_samples_every == 0:
+                recorder.log_samples(scored.sample_rows(t.samples_per_log), step=step, kind="train")
             recorder.log(metrics, step=step, samples=samples)
             progress.update(metrics, last_eval, group_size=int(metrics["rollout/group_size"]))
             if t.checkpoint_every and step % t.checkpoint_every == 0:
@@ -198,7 +213,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
                                        "pipeline": pipeline.state_dict(), "normalizer": normalizer.state_dict(),
                                        "recorder": recorder.state_dict()})
         progress.close()
-        after = evaluate(engine, tokenizer, eval_items, max_new_tokens=max_new)
+        after = evaluate_and_log_samples(engine, tokenizer, eval_items, cfg, recorder, step=step)
         recorder.log(after, step=step, samples=samples)
         if t.save_checkpoint:
             learner.save(recorder.run_dir / "checkpoints" / "final", tokenizer)

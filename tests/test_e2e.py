@@ -11,7 +11,8 @@ from helpers import TINY_RUN, assert_finite_metrics, max_param_change, read_metr
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_two_step_run(engine, tmp_path, warm_cache):
     run_dir, cache = tmp_path / "run", warm_cache
-    proc = run_train([f"rollout={engine}", *TINY_RUN], run_dir, cache)
+    proc = run_train([f"rollout={engine}", *TINY_RUN, "trainer.log_samples_every=1", "trainer.samples_per_log=3"],
+                     run_dir, cache)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     for name in ("config.yaml", "metrics.jsonl", "summary.json"):
@@ -32,6 +33,11 @@ def test_two_step_run(engine, tmp_path, warm_cache):
     assert train_line["rollout/logprob_abs_diff_max"] < 1e-3
 
     assert max_param_change(start_model_dir(cache), run_dir / "checkpoints" / "final") > 0
+    # What the policy wrote: 3 eval rows before and after, 3 training rows at each step.
+    rows = [json.loads(s) for s in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("eval", 0)] * 3 + [("train", 1)] * 3 + [("train", 2)] * 3 \
+        + [("eval", 2)] * 3
+    assert {"prompt", "completion", "answer", "correct"} <= rows[0].keys() and "reward" in rows[3]
     resolved = (run_dir / "config.yaml").read_text()
     assert f"engine: {engine}" in resolved and "run_name: grpo_G4_clip0.2_kl0_s0" in resolved
 

@@ -70,6 +70,14 @@ class RunRecorder:
             metrics_path.write_text("".join(line + "\n" for line in kept))
             self.lines = len(kept)
         self.metrics_file = open(metrics_path, "a", buffering=1)
+        samples_path = self.run_dir / "samples.jsonl"
+        self.sample_lines = 0
+        if resume and samples_path.is_file():
+            kept = [line for line in samples_path.read_text().splitlines() if line.strip()]
+            kept = kept[:resume.get("sample_lines", len(kept))]
+            samples_path.write_text("".join(line + "\n" for line in kept))
+            self.sample_lines = len(kept)
+        self.samples_file = open(samples_path, "a", buffering=1)
         self.initial: dict = dict(resume["initial"]) if resume else {}
         self.last: dict = {}
         self.step, self.samples = (resume["step"], resume["samples"]) if resume else (0, 0)
@@ -100,9 +108,25 @@ class RunRecorder:
         if self.wandb is not None:
             self.wandb.log({**metrics, "samples": samples}, step=step)
 
+    def log_samples(self, rows: list[dict], *, step: int, kind: str) -> None:
+        """What the policy wrote: one samples.jsonl line per row (`kind`: "train" or "eval"), and the
+        same rows as a wandb Table (`samples/<kind>`)."""
+        if not rows:
+            return
+        for row in rows:
+            self.samples_file.write(json.dumps({"step": step, "kind": kind, **row}, default=str) + "\n")
+            self.sample_lines += 1
+        if self.wandb is not None:
+            import wandb
+
+            columns = list(dict.fromkeys(k for row in rows for k in row))
+            table = wandb.Table(columns=columns, data=[[str(row.get(c, "")) if isinstance(row.get(c), str)
+                                                        else row.get(c) for c in columns] for row in rows])
+            self.wandb.log({f"samples/{kind}": table}, step=step)
+
     def state_dict(self) -> dict:
         """What a resumed run needs to continue this record exactly (saved in each checkpoint)."""
-        return {"metrics_lines": self.lines, "initial": dict(self.initial), "elapsed": time.time() - self.start,
+        return {"metrics_lines": self.lines, "sample_lines": self.sample_lines, "initial": dict(self.initial), "elapsed": time.time() - self.start,
                 "step": self.step, "samples": self.samples,
                 "wandb_id": self.wandb.id if self.wandb is not None else None}
 
@@ -112,6 +136,7 @@ class RunRecorder:
                            samples=self.samples, wall_time_s=round(time.time() - self.start, 2), **(extra or {}))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.metrics_file.close()
+        self.samples_file.close()
         if self.wandb is not None:
             for k, v in summary["final"].items():
                 self.wandb.summary[k] = v

@@ -55,6 +55,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     from grpo_lab.evaluation import evaluate
     from grpo_lab.learner.learner import resolve_device, set_cpu_threads
     from grpo_lab.learner.sft import SFTProgress, sft_loop, shared_weights_engine
+    from grpo_lab.prompts import prepare_for_model
     from grpo_lab.tasks import build_task
     from grpo_lab.train import build_policy
 
@@ -63,7 +64,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     device = resolve_device(cfg.learner.device)
     task = build_task(cfg.task)
     policy_dir, warm = build_policy(cfg, task, device)
-    tokenizer = AutoTokenizer.from_pretrained(str(policy_dir))
+    tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(policy_dir)), cfg.task)
     model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32).to(device)
     engine = shared_weights_engine(model, tokenizer)  # every evaluation sees the current weights
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warmup.lr)
