@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run resume test test-slow test-all bench clean
+.PHONY: help venv run run-smollm2 resume test test-slow test-all bench clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -15,6 +15,9 @@ venv: ## Create .venv from requirements.txt (+ lock) if missing or out of date
 
 run: venv ## Default experiment: build tiny model, warm-up SFT (cached), GRPO with vLLM, before/after table
 	$(PY) -m grpo_lab.train $(ARGS)
+
+run-smollm2: venv ## SmolLM2-135M-Instruct, chat template, chain_sum questions, vLLM rollouts, LoRA (conf/experiment/smollm2_chain_sum.yaml; ARGS: seed=1 ...)
+	$(PY) -m grpo_lab.train experiment=smollm2_chain_sum $(ARGS)
 
 resume: venv ## Continue a killed run from its newest checkpoint: make resume RUN=outputs/runs/<dir> (needs trainer.checkpoint_every)
 	@test -n "$(RUN)" || { echo "usage: make resume RUN=<run dir> [ARGS=extra overrides]"; exit 2; }

@@ -52,7 +52,9 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     model_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if v is not None}
     builder = model_kwargs.pop("builder")
     alphabet = task.alphabet()
-    base_dir = cache / "models" / cache_key(cfg.model, alphabet, cfg.seed)
+    # A converted pretrained model is cached once per model; a from-scratch one per alphabet and seed.
+    per_task = MODEL_BUILDERS.fact(builder, "per_task")
+    base_dir = cache / "models" / (cache_key(cfg.model, alphabet, cfg.seed) if per_task else cache_key(cfg.model))
     base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed, **model_kwargs))
     # Before the warm-up formats its targets: a chat model reads answers in its own style.
     prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)

@@ -26,8 +26,10 @@ from .model_dir import TOKENIZER_FILES, WEIGHT_FILES, BUILD_SPEC_FILE, is_comple
 from .smollm2 import smollm2_135m
 from .tiny_llama import build_tiny_llama
 
-# Fact: `needs_path` (the builder reads an existing directory from model.path).
-MODEL_BUILDERS = Registry("model", defaults={"needs_path": False})
+# Facts: `needs_path` (the builder reads an existing directory from model.path) and `per_task` (what it
+# builds depends on the task's alphabet and the seed, so it is cached per task and seed; a pretrained
+# model is cached once per model).
+MODEL_BUILDERS = Registry("model", defaults={"needs_path": False, "per_task": False})
 
 def _check_spec(out_dir: Path, spec: dict[str, Any]) -> None:
     """Raise if ``out_dir`` was built by us with different arguments."""
@@ -48,7 +50,7 @@ def _jsonable(spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(spec, sort_keys=True, default=str))
 
 
-@MODEL_BUILDERS.register("tiny_llama")
+@MODEL_BUILDERS.register("tiny_llama", per_task=True)
 def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
     """Character tokenizer over ``alphabet`` + a random ``build_tiny_llama(**model_kwargs)``."""
     out_dir = Path(out_dir)
