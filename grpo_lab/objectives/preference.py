@@ -13,7 +13,6 @@ algorithm.kl.coef is not read.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from grpo_lab.config import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 from grpo_lab.phases import GroupSampler, PromptStream, ScoredRollout
 from grpo_lab.rollout import Rollout
+from grpo_lab.tasks.local_dataset import read_jsonl
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 
@@ -35,23 +35,13 @@ def read_pairs_file(path: str) -> list[dict]:
     if not file.is_file():
         raise FileNotFoundError(f"algorithm.preference.pairs={path!r} is not a file; give a JSONL file with "
                                 "prompt/chosen/rejected fields, or pairs=policy to pair the policy's own samples")
-    rows = []
-    for n, line in enumerate(file.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg}); algorithm.preference.pairs needs one "
-                             "JSON object per line") from None
-        missing = [k for k in PAIR_FIELDS if not isinstance(row, dict) or not isinstance(row.get(k), str)]
-        if missing:
-            raise ValueError(f"{path}:{n}: missing or non-string field(s) {missing}; every line of "
-                             "algorithm.preference.pairs needs string prompt, chosen and rejected fields")
-        rows.append(row)
-    if not rows:
-        raise ValueError(f"algorithm.preference.pairs={path!r} holds no pairs; give a JSONL file with one "
-                         "{\"prompt\", \"chosen\", \"rejected\"} object per line")
+    rows = read_jsonl(file, PAIR_FIELDS, key="algorithm.preference.pairs",
+                      fix="give every line string prompt, chosen and rejected fields")
+    for n, row in enumerate(rows, start=1):
+        bad = [k for k in PAIR_FIELDS if not isinstance(row[k], str)]
+        if bad:
+            raise ValueError(f"{path}: pair {n}: field(s) {bad} are not strings; algorithm.preference.pairs needs "
+                             "text in prompt, chosen and rejected")
     return rows
 
 
@@ -65,7 +55,7 @@ class PairFileSampler(GroupSampler):
         self.pairs = [(encode_prompt(tokenizer, r["prompt"]), encode_target(tokenizer, r["chosen"]),
                        encode_target(tokenizer, r["rejected"]), r) for r in rows]
         self.stream = PromptStream(list(range(len(self.pairs))), seed)
-        self.tokenizer = tokenizer
+        self.tokenizer, self.calls = tokenizer, 0
         self.reset(group_size=2)
 
     def __call__(self, k: int) -> ScoredRollout:

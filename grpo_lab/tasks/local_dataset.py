@@ -72,11 +72,14 @@ def _looks_like_file(p: str) -> bool:
     return any(p.endswith(ext) for ext in FILE_BUILDERS) or p.startswith(("/", "./", "../", "~"))
 
 
-def check_jsonl(path: str | Path, required: Sequence[str] = ()) -> int:
-    """Read a JSON-lines file line by line; raise naming the file and line for what ``datasets``
-    reports badly (an empty file: a bare StopIteration; a malformed line: no file or line number).
-    Returns the number of rows. ``required`` fields must be present and non-null on every row."""
-    n = 0
+def read_jsonl(path: str | Path, required: Sequence[str] = (), *, key: str = "task.path",
+               fix: str = "name the field that holds it (task.prompt_field / task.answer_field / "
+                          "task.solution_field)") -> list[dict]:
+    """The rows of a JSON-lines file, read line by line so every problem names the file and line
+    (``datasets`` reports an empty file as a bare StopIteration and a malformed line with neither).
+    ``required`` fields must be present and non-null on every row; ``key`` is the config key that
+    named the file and ``fix`` says what to do about a missing field."""
+    rows = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -89,16 +92,20 @@ def check_jsonl(path: str | Path, required: Sequence[str] = ()) -> int:
             if not isinstance(row, dict):
                 raise ValueError(f"{path}, line {lineno}: a JSON {type(row).__name__}, not an object "
                                  "with named fields")
-            for key in required:
-                if row.get(key) is None:
-                    raise ValueError(
-                        f"{path}, line {lineno}: lacks columns [{key!r}] (no {key!r} field; its fields: {sorted(row)}). Add it, or name "
-                        f"the field that holds it (task.prompt_field / task.answer_field / task.solution_field)")
-            n += 1
-    if n == 0:
-        raise ValueError(f"{path} holds no rows (the file is empty): point task.path at a JSONL file with "
+            for field_name in required:
+                if row.get(field_name) is None:
+                    raise ValueError(f"{path}, line {lineno}: lacks columns [{field_name!r}] (no {field_name!r} field; "
+                                     f"its fields: {sorted(row)}). Add it, or {fix}")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path} holds no rows (the file is empty): point {key} at a JSONL file with "
                          "one JSON object per line")
-    return n
+    return rows
+
+
+def check_jsonl(path: str | Path, required: Sequence[str] = ()) -> int:
+    """Number of rows of a JSON-lines task file (errors as :func:`read_jsonl`)."""
+    return len(read_jsonl(path, required))
 
 
 def reference_answer(raw: Any, answer_format: str) -> str:
