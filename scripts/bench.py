@@ -278,7 +278,7 @@ def row(name: str, a: list[float], b: list[float], la: str, lb: str, target: str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions per A/B pair (default 5)")
+    parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions per A/B pair (default 7)")
     parser.add_argument("--steps", type=int, default=150, help="RL steps of the lab vs TRL runs (default 150)")
     parser.add_argument("--overlap-steps", type=int, default=20, help="steps per overlap run (default 20)")
     parser.add_argument("--overlap-reps", type=int, default=2, help="runs per overlap setting (default 2)")

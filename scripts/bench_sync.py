@@ -143,6 +143,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from grpo_lab.learner.learner import set_cpu_threads
+
+    # The trainer's thread placement (learner.num_threads=null: half the cores, the engine gets the
+    # rest): the sender's packing runs on the learner's threads.
+    set_cpu_threads(None)
     steps = dict(DEFAULT_STEP_S)
     for item in args.step_s:
         k, _, v = item.partition("=")
