@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run run-smollm2 resume test test-slow test-all bench clean
+.PHONY: help venv run run-smollm2 resume test test-slow test-all bench bench-sync bench-algorithms clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -32,7 +32,13 @@ test-slow: venv ## Only the slow tests (longer end-to-end runs)
 test-all: venv ## Every test, slow ones included
 	$(PY) -m pytest -q $(ARGS)
 
-bench: venv ## Peak memory and step time of ppo (with critic) vs grpo, same model and batch, ratios (ARGS: see --help)
+bench: venv ## Speed, A/B interleaved in one run: rollout vs raw vLLM, learner vs plain torch, sync share, overlap, vs TRL (ARGS: see --help)
+	PYTHONPATH=. $(PY) scripts/bench.py $(ARGS)
+
+bench-sync: venv ## Weight-sync time, old (pickled) vs new (shm buckets), as a share of the step: tiny model and SmolLM2-135M
+	PYTHONPATH=. $(PY) scripts/bench_sync.py $(ARGS)
+
+bench-algorithms: venv ## Peak memory and step time of ppo (with critic) vs grpo, same model and batch, ratios (ARGS: see --help)
 	$(PY) scripts/bench_algorithms.py $(ARGS)
 
 # Paper tables (scripts/make_table.py, conf/table/<name>.yaml): runs under outputs/tables/<name>,

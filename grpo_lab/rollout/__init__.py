@@ -20,7 +20,11 @@ def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEng
                       max_model_len=rollout_cfg.max_model_len, enforce_eager=rollout_cfg.enforce_eager,
                       dtype=rollout_cfg.dtype, seed=seed,
                       generate_timeout_s=getattr(rollout_cfg, "generate_timeout_s", None),
-                      sync_timeout_s=getattr(rollout_cfg, "sync_timeout_s", None))
+                      sync_timeout_s=getattr(rollout_cfg, "sync_timeout_s", None),
+                      sync_transport=getattr(rollout_cfg, "sync_transport", "auto"),
+                      sync_bucket_mb=getattr(rollout_cfg, "sync_bucket_mb", 256),
+                      sync_changed_only=getattr(rollout_cfg, "sync_changed_only", True),
+                      learner_device=str(device).split(":")[0])
 
 
 @ROLLOUT_ENGINES.register("hf")

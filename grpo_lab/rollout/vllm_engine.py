@@ -1,9 +1,10 @@
 """vLLM rollout engine: the real inference engine (CPU build here, CUDA build on GPU machines).
 
 The engine core runs in its own process; the learner pushes new weights into it in memory after
-every update through `collective_rpc("reload_weights", weights_iterator=...)` (vLLM's in-place
-layerwise reload, which knows its fused qkv / gate_up layouts and re-packs CPU kernels). Nothing is
-re-read from disk.
+every update (vLLM's in-place layerwise reload, which knows its fused qkv / gate_up layouts and
+re-packs CPU kernels), through a transport chosen by `rollout.sync_transport`: shared-memory
+buckets on CPU, CUDA IPC or NCCL on GPUs (grpo_lab/rollout/weight_sync.py). Only changed tensors
+travel. Nothing is re-read from disk.
 
 Robustness (issue 8):
 
@@ -32,7 +33,6 @@ Robustness (issue 8):
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -44,25 +44,11 @@ from typing import Iterable
 
 import torch
 
-from grpo_lab.rollout import lifeline
+from grpo_lab.rollout import lifeline, weight_sync
 from grpo_lab.rollout.base import Rollout
 from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError, RolloutEngineError
 
 log = logging.getLogger(__name__)
-
-
-def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Runs inside each vLLM worker (module level, so it pickles)."""
-    worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
-    model = worker.model_runner.get_model()
-    lm_head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    if lm_head is not None and embed is not None and getattr(model.config, "tie_word_embeddings", False):
-        # A tied lm_head is the embedding matrix, but the layerwise reload only re-processes the
-        # embedding: re-tie it and redo the lm_head's post-load step (on CPU: a re-pack of the
-        # matrix for oneDNN; elsewhere a no-op), else logits keep using the old matrix.
-        lm_head.weight = embed.weight
-        lm_head.quant_method.process_weights_after_loading(lm_head)
-
 
 
 def chunked_prefill_settings(max_model_len: int, *, is_cpu: bool) -> dict:
@@ -83,7 +69,9 @@ _POLL_S = 0.25
 class VLLMEngine:
     def __init__(self, model_dir: str | Path, *, gpu_memory_utilization: float, max_model_len: int,
                  enforce_eager: bool, dtype: str, seed: int, generate_timeout_s: float | None = None,
-                 sync_timeout_s: float | None = None, start_timeout_s: float | None = None):
+                 sync_timeout_s: float | None = None, start_timeout_s: float | None = None,
+                 sync_transport: str = "auto", sync_bucket_mb: float = 256, sync_changed_only: bool = True,
+                 learner_device: str = "cpu"):
         # apply_model ships a pickled function (and the weights) to the engine process.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         # Layerwise reload warns on every push about modules without weights (rotary, tied lm_head).
@@ -115,6 +103,23 @@ class VLLMEngine:
         # multiprocessing resource tracker (shared by the whole trainer; it exits on its own).
         self.processes = [p for p in me.children(recursive=True) if p.pid not in before
                           and "resource_tracker" not in " ".join(_cmdline(p))]
+        # The weight-sync transport (grpo_lab/rollout/weight_sync.py), chosen once the workers can
+        # say which GPU (if any) they hold the weights on.
+        infos = self._rpc(weight_sync.worker_info)
+        learner_uuid = None
+        if learner_device == "cuda" and torch.cuda.is_available():
+            learner_uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        self.sync_transport = weight_sync.choose_transport(
+            sync_transport, engine_on_cuda=not current_platform.is_cpu(), learner_device=learner_device,
+            learner_gpu_uuid=learner_uuid, worker_gpu_uuids=[i["gpu_uuid"] for i in infos if i["gpu_uuid"]])
+        self._sync = weight_sync.WeightSync(self._rpc, transport=self.sync_transport, bucket_mb=sync_bucket_mb,
+                                            changed_only=sync_changed_only, worker_infos=infos,
+                                            learner_device=learner_device)
+
+    def _rpc(self, fn) -> list:
+        # vLLM's own `timeout` bounds the worker side; `_call` around the whole push also covers a
+        # dead EngineCore, which vLLM's client would wait on forever (issue 8, item 3).
+        return self.llm.collective_rpc(fn, timeout=self.sync_timeout_s)
 
     # ----------------------------------------------------------------------------- health
     def engine_pids(self) -> list[int]:
@@ -238,18 +243,19 @@ class VLLMEngine:
         return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        weights = [(name, t.detach().to("cpu", copy=True)) for name, t in named_tensors]
-        # The worker's `reload_weights` re-initialises each layer, loads the checkpoint-format tensors
-        # with the model's own loader (fused qkv / gate_up), then re-runs the post-load processing.
-        # On the CPU backend that processing pre-packs linear weights for oneDNN and drops the
-        # original Parameters, so a bare `model.load_weights` after start-up fails.
-        # The function travels pickled (with the tensors) to each worker, as with `apply_model`.
-        # vLLM's own `timeout` bounds the worker side; ours also covers a dead EngineCore, which
-        # vLLM's client would wait on forever (issue 8, item 3).
-        self._call("weight sync", self.sync_timeout_s, "rollout.sync_timeout_s", self.llm.collective_rpc,
-                   functools.partial(_reload_weights, weights=weights), timeout=self.sync_timeout_s)
-        # Cached prefix KV blocks were computed with the old weights.
-        self._call("weight sync", self.sync_timeout_s, "rollout.sync_timeout_s", self.llm.reset_prefix_cache)
+        """Push the learner's tensors into the running engine (only what changed; see weight_sync).
+
+        The worker re-initialises each layer, loads the checkpoint-format tensors with the model's own
+        loader (fused qkv / gate_up), then re-runs the post-load processing. On the CPU backend that
+        processing pre-packs linear weights for oneDNN and drops the original Parameters, so a bare
+        `model.load_weights` after start-up fails: hence vLLM's layerwise reload.
+        """
+        named = [(name, t.detach()) for name, t in named_tensors]
+        self.last_sync = self._call("weight sync", self.sync_timeout_s, "rollout.sync_timeout_s",
+                                    self._sync.push, named)
+        if self.last_sync["tensors"]:
+            # Cached prefix KV blocks were computed with the old weights.
+            self._call("weight sync", self.sync_timeout_s, "rollout.sync_timeout_s", self.llm.reset_prefix_cache)
 
     def _kill_processes(self) -> None:
         import psutil
@@ -265,6 +271,8 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
+        if getattr(self, "_sync", None) is not None:
+            self._sync.close()
         engine = getattr(self, "llm", None)
         try:
             if engine is not None and self._broken is None and not self._dead_processes():

@@ -1,0 +1,346 @@
+"""`make bench`: where a default run's time goes, each phase against a baseline measured in the same run.
+
+    PYTHONPATH=. .venv/bin/python scripts/bench.py                 # everything (TRL venv built on first use)
+    PYTHONPATH=. .venv/bin/python scripts/bench.py --reps 7 --steps 150 --skip trl
+    PYTHONPATH=. .venv/bin/python scripts/bench.py -- trainer.prompts_per_step=16   # Hydra overrides
+
+Rows (A = the lab, B = the baseline; ratio = A / B, medians of --reps interleaved A B B A ... pairs,
+so a slow patch of this shared 2-core machine does not land on one side only):
+
+1. rollout   — `VLLMEngine.generate` (the rollout phase's engine call) vs raw `vllm.LLM.generate`
+               on the same LLM, prompts (trainer.prompts_per_step train prompts), G and seeds.
+2. learner   — `Learner.score` + `Learner.update` vs a plain torch loop (forward, token logprobs,
+               policy-gradient loss, backward per micro-batch, AdamW step) on the same sequences
+               (a real rollout of the start model), micro-batch and torch threads.
+3. sync      — the weight push, old protocol (pickled tensors) vs the new one, and its share of
+               the step; the step is rollout + learner + new push measured here (rewards ~5 ms,
+               issue 10, left out).
+4. overlap   — whole-loop step time with trainer.max_staleness=0 vs 1 (median perf/step_time_s
+               of `python -m grpo_lab.train` runs), when the key exists.
+5. TRL       — the whole RL phase of `python -m grpo_lab.train` (sum of perf/step_time_s: no
+               start-up, warm-up or evals) vs TRL `GRPOTrainer.train()` (its own venv under
+               .cache/trl_venv, trl==1.16.0, built with `-c requirements.lock`), same warm-up
+               checkpoint, task, G, prompts per step, steps, lr, temperature, β=0, token-mean
+               loss; both final models scored by `grpo_lab.evaluation.evaluate` (greedy, the test
+               split) on the same HF engine. One run each (too long to repeat here).
+
+Nothing here asserts a timing; it prints numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+for p in (REPO, REPO / "scripts"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+TRL_VENV = REPO / ".cache" / "trl_venv"
+TRL_PIN = "trl==1.16.0"
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from grpo_lab.config import finalize, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return finalize(hydra_compose("config", overrides=["logger=none", *overrides]))
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def interleave(a, b, reps: int) -> tuple[list[float], list[float]]:
+    """Seconds of a() and b(), alternating A B, B A, ... after one untimed call each."""
+    a(), b()
+    ta, tb = [], []
+    for r in range(reps):
+        for name in ("ab" if r % 2 == 0 else "ba"):
+            fn, out = (a, ta) if name == "a" else (b, tb)
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return ta, tb
+
+
+# ------------------------------------------------------------------------------------- rows 1-3
+def bench_phases(cfg, policy_dir: Path, task, reps: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bench_sync import measure_sync
+    from grpo_lab.learner.batch import collate, encode_prompt
+    from grpo_lab.learner.learner import Learner, set_cpu_threads
+    from grpo_lab.rollout import make_engine
+
+    threads = set_cpu_threads(cfg.learner.num_threads)
+    tok = AutoTokenizer.from_pretrained(str(policy_dir))
+    r, t = cfg.rollout, cfg.trainer
+    G, max_new = int(r.group_size), int(r.max_new_tokens)
+    prompts = [encode_prompt(tok, it.prompt) for it in task.splits["train"][:t.prompts_per_step]]
+    engine = make_engine(policy_dir, r, seed=cfg.seed)
+    out: dict = {"threads": threads, "sequences": len(prompts) * G}
+    try:
+        # 1. rollout wrapper vs raw vLLM
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        seed = [100]
+
+        def lab():
+            seed[0] += 1
+            engine.generate(prompts, n=G, temperature=r.temperature, top_p=r.top_p, max_new_tokens=max_new, seed=seed[0])
+
+        def raw():
+            seed[0] += 1
+            params = [SamplingParams(n=G, temperature=r.temperature, top_p=r.top_p, max_tokens=max_new, logprobs=0,
+                                     seed=seed[0] + i) for i in range(len(prompts))]
+            engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+
+        out["rollout"] = interleave(lab, raw, reps)
+
+        # 2. learner vs plain torch loop, on one real rollout of the start model
+        roll = engine.generate(prompts, n=G, temperature=r.temperature, top_p=r.top_p, max_new_tokens=max_new, seed=7)
+        learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, temperature=r.temperature,
+                          seed=cfg.seed, max_completion_len=max_new)
+        base = collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, roll.sampler_logprobs)
+        adv = torch.randn(len(base), 1, generator=torch.Generator().manual_seed(0)).expand_as(base["response_mask"]).clone()
+
+        def lab_learn():
+            batch = collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, roll.sampler_logprobs)
+            learner.score(batch)
+            batch["advantages"], batch["loss_mask"] = adv, batch["response_mask"]
+            learner.update(batch)
+
+        plain = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32)
+        opt = torch.optim.AdamW(plain.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
+        mb = int(cfg.learner.micro_batch_size)
+
+        def plain_loop():
+            # The same work by hand: forward, logprobs of the completion tokens, -A·logπ token mean,
+            # backward per micro-batch (gradients accumulated), one AdamW step.
+            batch = collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, roll.sampler_logprobs)
+            P, T = batch.prompt_width, batch["completion_ids"].shape[1]
+            n_tok = batch["response_mask"].sum()
+            opt.zero_grad(set_to_none=True)
+            for i in range(0, len(batch), mb):
+                sl = slice(i, i + mb)
+                logits = plain(input_ids=batch["input_ids"][sl], attention_mask=batch["attention_mask"][sl],
+                               position_ids=batch["position_ids"][sl], use_cache=False).logits[:, P - 1:P - 1 + T]
+                lp = torch.log_softmax(logits.float() / r.temperature, -1).gather(
+                    -1, batch["completion_ids"][sl].unsqueeze(-1)).squeeze(-1)                      # [mb, T]
+                loss = -(adv[sl] * lp * batch["response_mask"][sl]).sum() / n_tok
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(plain.parameters(), cfg.learner.grad_clip or float("inf"))
+            opt.step()
+
+        out["learner"] = interleave(lab_learn, plain_loop, reps)
+
+        # 3. weight push: old vs new protocol, on the same engine and the learner's own tensors
+        res = measure_sync(engine, learner.weights_for_sync(), ["pickle", "cpu"], reps)
+        out["sync"] = (res["cpu"]["all_s"], res["pickle"]["all_s"])
+    finally:
+        engine.close()
+    return out
+
+
+# ------------------------------------------------------------------------------------- rows 4-5
+def run_train(overrides: list[str], run_dir: Path, timeout: int = 3600) -> list[dict]:
+    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "grpo_lab.train", "logger=none", "hydra/job_logging=none",
+           "hydra/hydra_logging=none", *overrides, f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"grpo_lab.train failed ({' '.join(overrides)}):\n{proc.stderr[-3000:]}")
+    return [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines() if s.strip()]
+
+
+def step_times(lines: list[dict]) -> list[float]:
+    return [m["perf/step_time_s"] for m in lines if "perf/step_time_s" in m]
+
+
+def bench_overlap(cfg, overrides: list[str], steps: int, reps: int, tmp: Path) -> tuple | str:
+    if "max_staleness" not in cfg.trainer:
+        return "not available (trainer.max_staleness missing)"
+    base = [*overrides, f"trainer.total_steps={steps}", "trainer.eval_every=0", "trainer.save_checkpoint=false"]
+    sync, over = [], []
+    for r in range(reps):
+        for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+            lines = run_train([*base, f"trainer.max_staleness={k}"], tmp / f"overlap_{k}_{r}")
+            (sync if k == 0 else over).append(med(step_times(lines)[1:]))  # first step: warm-up
+    return over, sync
+
+
+def ensure_trl_venv() -> Path | str:
+    """The TRL venv (built once, pinned); a string says why there is none."""
+    py = TRL_VENV / "bin" / "python"
+    check = [str(py), "-c", "import trl, sys; sys.exit(0 if trl.__version__ == '1.16.0' else 1)"]
+    if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return py
+    print(f"[bench] building {TRL_VENV} ({TRL_PIN}, torch from requirements.lock; a few minutes) ...",
+          file=sys.stderr, flush=True)
+    steps = [[sys.executable.replace("/.venv/", "/.venv/"), "-m", "venv", str(TRL_VENV)],
+             [str(TRL_VENV / "bin" / "pip"), "install", "-q", "-c", str(REPO / "requirements.lock"), TRL_PIN,
+              "torch==2.13.0+cpu", "transformers", "accelerate", "datasets"]]
+    # A venv from the base interpreter: the project's .venv must not leak into TRL's (no
+    # --system-site-packages); torch pinned to the project's build through the lock file.
+    steps[0][0] = getattr(sys, "_base_executable", sys.executable)
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return f"could not build the TRL venv ({' '.join(cmd[:4])} ...): {proc.stderr.strip()[-300:]}"
+    if subprocess.run(check, capture_output=True).returncode != 0:
+        return "the TRL venv does not import trl 1.16.0"
+    return py
+
+
+def evaluate_dir(model_dir: Path, items, max_new: int) -> tuple[float, list[str]]:
+    from transformers import AutoTokenizer
+
+    from grpo_lab.evaluation import evaluate
+    from grpo_lab.learner.batch import encode_prompt
+    from grpo_lab.rollout.hf_engine import HFEngine
+
+    engine = HFEngine.from_dir(model_dir)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    acc = evaluate(engine, tok, items, max_new_tokens=max_new)["eval/accuracy"]
+    texts = engine.generate([encode_prompt(tok, it.prompt) for it in items], n=1, temperature=0.0, top_p=1.0,
+                            max_new_tokens=max_new, seed=0, logprobs=False).texts
+    return acc, texts
+
+
+def bench_trl(cfg, overrides: list[str], policy_dir: Path, task, steps: int, tmp: Path) -> dict | str:
+    from transformers import AutoTokenizer
+
+    from grpo_lab.learner.batch import encode_prompt
+    from grpo_lab.rewards import is_correct
+
+    py = ensure_trl_venv()
+    if isinstance(py, str):
+        return py
+    tok = AutoTokenizer.from_pretrained(str(policy_dir))
+    train = task.splits["train"]
+    # TRL tokenizes the prompt text as is: put the bos token's text in front, so it sees exactly
+    # the ids the lab's engine gets (checked here).
+    bos = tok.bos_token or ""
+    if tok.encode(bos + train[0].prompt, add_special_tokens=False) != encode_prompt(tok, train[0].prompt):
+        return "skipped: the tokenizer does not render bos + prompt text as the lab's prompt ids"
+    t, r = cfg.trainer, cfg.rollout
+    n_prompts = steps * t.prompts_per_step
+    spec = {"model_dir": str(policy_dir), "prompts": [bos + it.prompt for it in train[:n_prompts]],
+            "answers": [it.answer for it in train[:n_prompts]], "group_size": int(r.group_size),
+            "prompts_per_step": int(t.prompts_per_step), "steps": steps, "lr": float(cfg.learner.lr),
+            "max_new_tokens": int(r.max_new_tokens), "seed": int(cfg.seed), "out_dir": str(tmp / "trl"),
+            "result": str(tmp / "trl.json")}
+    (tmp / "trl_spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(py), str(REPO / "scripts" / "bench_trl_child.py"), str(tmp / "trl_spec.json")],
+                          env={**env, "TOKENIZERS_PARALLELISM": "false"}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return f"TRL run failed: {proc.stderr.strip()[-1500:]}"
+    trl_res = json.loads((tmp / "trl.json").read_text())
+
+    run_dir = tmp / "lab_run"
+    lines = run_train([*overrides, f"trainer.total_steps={steps}", "trainer.eval_every=0",
+                       "trainer.save_checkpoint=true"], run_dir)
+    test = task.splits[t.eval_split]
+    lab_acc, lab_texts = evaluate_dir(run_dir / "checkpoints" / "final", test, int(r.max_new_tokens))
+    trl_acc, trl_texts = evaluate_dir(Path(spec["out_dir"]) / "final", test, int(r.max_new_tokens))
+    start_acc, _ = evaluate_dir(policy_dir, test, int(r.max_new_tokens))
+    # The TRL child's exact-match reward must equal the lab's correctness on what the models write.
+    agree = [is_correct(c, it) == (c.strip() == it.answer.strip()) for c, it in zip(lab_texts + trl_texts, test + test)]
+    return {"lab_rl_s": sum(step_times(lines)), "trl_rl_s": trl_res["rl_s"], "trl_threads": trl_res["threads"],
+            "lab_acc": lab_acc, "trl_acc": trl_acc, "start_acc": start_acc, "n_test": len(test),
+            "reward_agreement": sum(agree) / max(len(agree), 1)}
+
+
+# ------------------------------------------------------------------------------------- report
+def row(name: str, a: list[float], b: list[float], la: str, lb: str, target: str) -> str:
+    ma, mb = med(a), med(b)
+    return f"{name:<10}{la:<34}{1000 * ma:>10.1f}  {lb:<30}{1000 * mb:>10.1f}{ma / mb:>9.2f}x   {target}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions per A/B pair (default 7)")
+    parser.add_argument("--steps", type=int, default=150, help="RL steps of the lab vs TRL runs (default 150)")
+    parser.add_argument("--overlap-steps", type=int, default=20, help="steps per overlap run (default 20)")
+    parser.add_argument("--overlap-reps", type=int, default=2, help="runs per overlap setting (default 2)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["phases", "overlap", "trl"])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (default: the default run)")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    import torch
+
+    from grpo_lab.tasks import build_task
+    from grpo_lab.train import build_policy
+
+    cfg = compose(args.overrides)
+    task = build_task(cfg.task)
+    print("[bench] start model (tiny model + warm-up SFT, cached) ...", file=sys.stderr, flush=True)
+    policy_dir, _ = build_policy(cfg, task, torch.device("cpu"))
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="grpo_lab_bench_") as tmp:
+        tmp = Path(tmp)
+        if "phases" not in args.skip:
+            print("[bench] rollout / learner / sync ...", file=sys.stderr, flush=True)
+            ph = bench_phases(cfg, policy_dir, task, args.reps)
+            ra, rb = ph["rollout"]
+            la, lb = ph["learner"]
+            sa, sb = ph["sync"]
+            step_new = med(ra) + med(la) + med(sa)
+            step_old = med(ra) + med(la) + med(sb)
+            lines += [f"phases: {ph['sequences']} sequences per step, learner torch threads {ph['threads']}",
+                      row("rollout", ra, rb, "VLLMEngine.generate ms", "raw vllm.LLM.generate ms", "target <= 1.05x"),
+                      row("learner", la, lb, "Learner.score+update ms", "plain torch fwd/bwd/AdamW ms", "target <= 1.10x"),
+                      row("sync", sa, sb, "new push (shm buckets) ms", "old push (pickled) ms", ""),
+                      f"{'':<10}sync share of the step (rollout + learner + push): new {100 * med(sa) / step_new:.1f} % "
+                      f"of {1000 * step_new:.0f} ms, old {100 * med(sb) / step_old:.1f} % of {1000 * step_old:.0f} ms "
+                      "(target <= 5 %)"]
+        if "overlap" not in args.skip:
+            print("[bench] synchronous vs overlapped loop ...", file=sys.stderr, flush=True)
+            ov = bench_overlap(cfg, args.overrides, args.overlap_steps, args.overlap_reps, tmp)
+            lines.append(f"{'overlap':<10}{ov}" if isinstance(ov, str) else
+                         row("overlap", ov[0], ov[1], "max_staleness=1 step ms", "max_staleness=0 step ms",
+                             "target <= 0.71x (>= 1.4x faster)"))
+        if "trl" not in args.skip:
+            print(f"[bench] lab vs TRL, {args.steps} steps each ...", file=sys.stderr, flush=True)
+            tr = bench_trl(cfg, args.overrides, policy_dir, task, args.steps, tmp)
+            if isinstance(tr, str):
+                lines.append(f"{'TRL':<10}{tr}")
+            else:
+                lines += [f"{'TRL':<10}{'lab RL phase s':<34}{tr['lab_rl_s']:>10.1f}  {'TRL GRPOTrainer.train() s':<30}"
+                          f"{tr['trl_rl_s']:>10.1f}{tr['lab_rl_s'] / tr['trl_rl_s']:>9.2f}x   target <= 0.50x",
+                          f"{'':<10}held-out greedy accuracy ({tr['n_test']} test items, grpo_lab.evaluation.evaluate): "
+                          f"start {tr['start_acc']:.1%}, lab {tr['lab_acc']:.1%}, TRL {tr['trl_acc']:.1%}; "
+                          f"TRL threads {tr['trl_threads']}; reward functions agree on "
+                          f"{tr['reward_agreement']:.0%} of evaluated completions"]
+    print(f"\nbench ({args.reps} interleaved reps, medians; ratio = lab / baseline; overrides: "
+          f"{' '.join(args.overrides) or '(default run)'})")
+    head = f"{'row':<10}{'lab':<34}{'':>10}  {'baseline':<30}{'':>10}{'ratio':>10}"
+    print(head)
+    print("-" * 120)
+    for line in lines:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
