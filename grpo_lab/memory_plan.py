@@ -208,27 +208,42 @@ def known_arch(path: str) -> Optional[Arch]:
     return None
 
 
-def resolve_arch(cfg: DictConfig) -> Optional[Arch]:
-    """The policy's architecture from config alone (no weights): tiny_llama from model.* sizes, SmolLM2
-    from the table, pretrained from ``model.path``'s config.json via AutoConfig, else from the table
-    by the directory's name. None when unknown (the plan is then skipped, and says so)."""
-    m = cfg.model
-    if m.builder == "tiny_llama":
-        return Arch("tiny_llama", m.hidden_size or 128, m.num_layers or 2, m.num_heads or 4, m.num_heads or 4,
-                    m.intermediate_size or 512, TINY_VOCAB_BOUND,
-                    True if m.tie_word_embeddings is None else bool(m.tie_word_embeddings),
-                    source="model.* sizes; vocabulary bounded by 4 specials + 96 characters")
-    if m.builder == "smollm2_135m":
-        return KNOWN_ARCHITECTURES["smollm2-135m"]
-    if m.builder == "pretrained" and m.path:
-        if (Path(m.path) / "config.json").is_file():
-            from transformers import AutoConfig
+def tiny_llama_arch(m) -> Arch:
+    """tiny_llama's architecture from its model.* sizes."""
+    return Arch("tiny_llama", m.hidden_size or 128, m.num_layers or 2, m.num_heads or 4, m.num_heads or 4,
+                m.intermediate_size or 512, TINY_VOCAB_BOUND,
+                True if m.tie_word_embeddings is None else bool(m.tie_word_embeddings),
+                source="model.* sizes; vocabulary bounded by 4 specials + 96 characters")
 
-            config = AutoConfig.from_pretrained(str(m.path), local_files_only=True)
-            config = getattr(config, "text_config", None) or config   # multimodal wrappers
-            return arch_from_hf_config(config, name=Path(m.path).name, source=f"{m.path}/config.json")
-        return known_arch(m.path)
-    return None
+
+def smollm2_arch(m) -> Arch:
+    return KNOWN_ARCHITECTURES["smollm2-135m"]
+
+
+def local_dir_arch(m) -> Optional[Arch]:
+    """A pretrained model's architecture from model.path's config.json (AutoConfig, no weights), else from
+    the table of known models by the directory's name."""
+    if not m.path:
+        return None
+    if (Path(m.path) / "config.json").is_file():
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(m.path), local_files_only=True)
+        config = getattr(config, "text_config", None) or config   # multimodal wrappers
+        return arch_from_hf_config(config, name=Path(m.path).name, source=f"{m.path}/config.json")
+    return known_arch(m.path)
+
+
+def resolve_arch(cfg: DictConfig) -> Optional[Arch]:
+    """The policy's architecture from config alone (no weights), through the model builder's registry
+    fact `architecture` (grpo_lab/models/builders.py). None when unknown (the plan is then skipped, and
+    says so) — e.g. a plug-in builder that declares none."""
+    from grpo_lab.models import MODEL_BUILDERS
+
+    if cfg.model.builder not in MODEL_BUILDERS:
+        return None
+    arch = MODEL_BUILDERS.fact(cfg.model.builder, "architecture")
+    return arch(cfg.model) if arch is not None else None
 
 
 @dataclass
@@ -394,12 +409,14 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
         f"{Tl:,} tokens{' (chunk)' if chunk else ''} × V × 4 B × {LOGITS_COPIES} copies")
 
     eng = _dtype_bytes(r.dtype)
-    if r.engine == "vllm":
+    from grpo_lab.rollout import ROLLOUT_ENGINES
+
+    if r.engine in ROLLOUT_ENGINES and ROLLOUT_ENGINES.fact(r.engine, "reserves_memory_fraction"):
         if kind == "cuda":
-            add("rollout engine (vLLM)", r.gpu_memory_utilization * (mem or 0),
+            add(f"rollout engine ({r.engine})", r.gpu_memory_utilization * (mem or 0),
                 f"gpu_memory_utilization {r.gpu_memory_utilization} × device memory (weights + KV cache)")
         else:
-            add("rollout engine (vLLM)", r.gpu_memory_utilization * (mem or 0) + eng * P,
+            add(f"rollout engine ({r.engine})", r.gpu_memory_utilization * (mem or 0) + eng * P,
                 f"{r.gpu_memory_utilization} × RAM (KV cache) + {eng}·P weights")
     else:
         group = max([r.group_size, *(r.group_size_schedule or {}).values()])
@@ -445,7 +462,7 @@ def _suggestions(cfg: DictConfig, plan: MemoryPlan, machine: bool) -> list[str]:
             continue
         total = plan_memory(_with(cfg, **{key.replace(".", "__"): value}), machine=machine, device_memory=mem).total
         out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value} -> {total / GB:.1f} GB")
-    engine = plan.item("rollout engine (vLLM)")
+    engine = plan.item("rollout engine (vllm)")
     if engine and plan.device == "cuda":
         util = cfg.rollout.gpu_memory_utilization - (plan.total - mem) / mem
         out.append(f"rollout.gpu_memory_utilization={util:.2f} would just fit (if the KV cache still holds a batch)"

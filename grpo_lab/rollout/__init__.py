@@ -9,11 +9,13 @@ from grpo_lab.rollout.base import Rollout, RolloutEngine
 from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError, RolloutEngineError
 
 # Facts: `requires_module` (a module that must be importable, checked before anything loads; None =
-# none) and `own_process` (the engine computes in processes of its own, beside the learner's threads).
-ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None, "own_process": False})
+# none), `own_process` (the engine computes in processes of its own, beside the learner's threads) and
+# `reserves_memory_fraction` (it reserves rollout.gpu_memory_utilization of the device, for the memory plan).
+ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None, "own_process": False,
+                                                       "reserves_memory_fraction": False})
 
 
-@ROLLOUT_ENGINES.register("vllm", requires_module="vllm", own_process=True)
+@ROLLOUT_ENGINES.register("vllm", requires_module="vllm", own_process=True, reserves_memory_fraction=True)
 def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
     from grpo_lab.rollout.vllm_engine import VLLMEngine  # imports vllm only when chosen
     return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
