@@ -107,6 +107,13 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _comm_device() -> torch.device:
+    """Where tensors for collectives live: NCCL only moves CUDA tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def local_rows(n: int) -> torch.Tensor:
     """This rank's rows of an n-row minibatch: contiguous, sizes differ by at most one."""
     return torch.arange(n).tensor_split(world_size())[rank()]
@@ -115,7 +122,7 @@ def local_rows(n: int) -> torch.Tensor:
 def equalize(micros: list) -> list[tuple[object, bool]]:
     """(micro-batch, real) pairs, padded with zero-weight repeats of one row so that every rank runs
     as many forward/backward passes as the busiest one (FSDP2's collectives must match)."""
-    count = torch.tensor([len(micros)])
+    count = torch.tensor([len(micros)], device=_comm_device())
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     return [(m, True) for m in micros] + [(None, False)] * (int(count) - len(micros))
 
