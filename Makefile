@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run run-smollm2 resume test test-slow test-all bench bench-sync bench-algorithms clean
+.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-all bench bench-sync bench-algorithms clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -15,6 +15,10 @@ venv: ## Create .venv from requirements.txt (+ lock) if missing or out of date
 
 run: venv ## Default experiment: build tiny model, warm-up SFT (cached), GRPO with vLLM, before/after table
 	$(PY) -m grpo_lab.train $(ARGS)
+
+NPROC ?= 2
+run-fsdp: venv ## Learner sharded with FSDP2 over NPROC processes (torchrun; gloo on CPU, NCCL on GPU): make run-fsdp NPROC=2 ARGS=...
+	.venv/bin/torchrun --nproc_per_node $(NPROC) -m grpo_lab.train learner.strategy=fsdp2 $(ARGS)
 
 run-smollm2: venv ## SmolLM2-135M-Instruct, chat template, chain_sum questions, vLLM rollouts, LoRA (conf/experiment/smollm2_chain_sum.yaml; ARGS: seed=1 ...)
 	$(PY) -m grpo_lab.train experiment=smollm2_chain_sum $(ARGS)

@@ -2,6 +2,8 @@
 
     <run dir>/checkpoints/step_<k>/
         policy/              the policy (save_pretrained: loadable as a plain HF model directory)
+        learner_dcp/         learner.strategy=fsdp2 only: model + optimizer shards (torch.distributed.checkpoint),
+                             loadable on any world size; the optimizer is then not in trainer_state.pt
         trainer_state.pt     optimizer, critic + its optimizer, learner counters and generator,
                              RNG states (python, numpy, torch CPU / CUDA), prompt-stream position,
                              sampler call counter, reward normaliser, step and sample counters,
@@ -60,6 +62,10 @@ def save(run_dir: Path, step: int, *, learner, tokenizer, state: dict, keep: int
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=root))
     try:
         learner.save(tmp / "policy", tokenizer)
+        if getattr(learner, "sharded", False):
+            from grpo_lab.learner.distributed import DCP_DIR
+
+            learner.save_dcp(tmp / DCP_DIR)
         torch.save({"step": step, "learner": learner.state_dict(), "rng": rng_state(), **state}, tmp / STATE_FILE)
         if final.exists():  # a checkpoint of this step from an earlier, interrupted attempt
             shutil.rmtree(final)

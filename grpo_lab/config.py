@@ -330,6 +330,8 @@ class LearnerConfig:
     # Memory plan before any weights load (grpo_lab/memory_plan.py): "check" refuses a config that does
     # not fit, "warn" only warns, "off" skips it.
     memory_plan: str = "check"
+    # single = one process; fsdp2 = FSDP2 (fully_shard) over the ranks of a torchrun launch (make run-fsdp).
+    strategy: str = "single"
 
 
 @dataclass
@@ -539,6 +541,11 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     if ln.num_threads is not None:
         _check(ln.num_threads >= 1, f"learner.num_threads={ln.num_threads} must be >= 1 or null (auto)", errors)
     _check(ln.micro_batch_size >= 1, f"learner.micro_batch_size={ln.micro_batch_size} must be >= 1", errors)
+    strategy = ln.get("strategy", "single")
+    _check(strategy in ("single", "fsdp2"), f"learner.strategy={strategy!r}; valid choices: single, fsdp2", errors)
+    if strategy == "fsdp2":
+        _check(ln.lora.rank == 0 and not a.critic.enabled, "learner.strategy=fsdp2 supports neither LoRA nor a "
+               "critic: set learner.lora.rank=0 and algorithm.critic.enabled=false, or learner.strategy=single", errors)
     # --- learner scale (issue 7) ---
     from grpo_lab.learner.schedules import LR_SCHEDULES
 

@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 from grpo_lab import checkpoint
 from grpo_lab.config import ConfigError, finalize, register_configs, validate
 from grpo_lab.learner.batch import encode_prompt
-from grpo_lab.learner.learner import Learner, resolve_device, set_cpu_threads
+from grpo_lab.learner import distributed
+from grpo_lab.learner.learner import resolve_device, set_cpu_threads
 from grpo_lab.learner.sft import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
 from grpo_lab.memory_plan import plan_memory
@@ -136,8 +137,9 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
     check_context(cfg, task, tokenizer)
     a, t = cfg.algorithm, cfg.trainer
     objective = OBJECTIVES.get(a.objective)
-    learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=a, temperature=cfg.rollout.temperature,
-                      seed=cfg.seed, max_completion_len=cfg.rollout.max_new_tokens)
+    # learner.strategy=fsdp2: rank 0's handle; each call runs on every torchrun rank (learner/distributed.py).
+    learner = distributed.make_learner(cfg, policy_dir, temperature=cfg.rollout.temperature, seed=cfg.seed,
+                                       max_completion_len=cfg.rollout.max_new_tokens)
     state = checkpoint.load(resume_from) if resume_from else None
     if state:  # before the engine starts, so a bad checkpoint fails cheaply
         learner.load_state(resume_from / "policy", state["learner"])
@@ -219,6 +221,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
         recorder.log(after, step=step, samples=samples)
         if t.save_checkpoint:
             learner.save(recorder.run_dir / "checkpoints" / "final", tokenizer)
+        learner.close()   # fsdp2: releases the other ranks (only after success; on failure torchrun ends them)
         return {"before": before, "after": after, "warmup": {k: v for k, v in warm.items() if k != "history"}}
     finally:
         pipeline.close()
@@ -287,6 +290,8 @@ def run(cfg: DictConfig) -> float:
 
 def main() -> None:
     """Entry point: register the config schema and resolver explicitly, then let Hydra run."""
+    if distributed.is_follower():   # torchrun rank > 0: serves rank 0's learner calls, nothing else
+        return distributed.follow()
     register_configs()
     run()
 

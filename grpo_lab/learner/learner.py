@@ -35,6 +35,7 @@ from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM
 
 from grpo_lab.algos import aggregate, clipped_value_loss, logprob_mismatch_metrics, truncated_is_weights
+from grpo_lab.learner import distributed
 from grpo_lab.learner.batch import TensorBatch, completion_stats
 from grpo_lab.learner.schedules import lr_factor
 from grpo_lab.objectives import OBJECTIVES
@@ -92,6 +93,11 @@ class MetricMean:
         for k, v in metrics.items():
             self.sums[k] += float(v) * weight
             self.weights[k] += weight
+
+    def absorb(self, other: "MetricMean") -> None:
+        for k in other.sums:
+            self.sums[k] += other.sums[k]
+            self.weights[k] += other.weights[k]
 
     def result(self, prefix: str = "") -> dict[str, float]:
         return {prefix + k: self.sums[k] / max(self.weights[k], 1e-12) for k in self.sums}
@@ -155,6 +161,10 @@ class Learner:
                  max_completion_len: int):
         torch.manual_seed(seed)
         self.cfg, self.algo, self.temperature = learner_cfg, algo_cfg, temperature
+        # learner.strategy=fsdp2: weights sharded over the torchrun ranks, rows split (learner/distributed.py).
+        self.sharded = _opt(learner_cfg, "strategy", "single") == "fsdp2"
+        if self.sharded:
+            distributed.init()   # before any .to(device): picks this rank's GPU
         # Dr.GRPO's constant normaliser is the generation budget, not the batch's longest completion.
         self.max_completion_len = max_completion_len
         self.device = resolve_device(learner_cfg.device)
@@ -182,6 +192,14 @@ class Learner:
             self.ref = AdapterDisabledReference(self.policy)
         else:
             self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        if self.sharded:
+            if self.lora or self.objective.needs_critic(algo_cfg):
+                raise ValueError("learner.strategy=fsdp2 supports neither LoRA (learner.lora.rank > 0) nor a "
+                                 "critic (algorithm.critic.enabled); use learner.strategy=single for those")
+            # The frozen reference is sharded the same way (1/W of its memory per rank).
+            for model in (self.policy, self.ref):
+                if model is not None:
+                    distributed.shard_model(model)
         # Only trainable tensors get AdamW state (with LoRA: the adapters; else every parameter, in order).
         self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
                                            lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay)
@@ -284,10 +302,15 @@ class Learner:
                             max_len=max(self.max_completion_len, mask.shape[1]),
                             **self.objective.minibatch_norms(minibatch))
                 self.optimizer.zero_grad(set_to_none=True)
-                for _, micro in micro_batches(minibatch, self.cfg.micro_batch_size, self.token_budget):
+                part = MetricMean()
+                for micro, real in self._local_micro_batches(minibatch):
                     loss, metrics = self.objective.loss(self, micro.to(self.device), norm)
-                    loss.backward()
-                    actor.add(metrics, weight=len(micro))
+                    (loss if real else loss * 0.0).backward()
+                    if real:
+                        part.add(metrics, weight=len(micro))
+                if self.sharded:
+                    distributed.merge_metric_means(part)   # the whole minibatch's metrics on every rank
+                actor.absorb(part)
                 grad_norm = self._clip_and_step(self.policy, self.optimizer)
                 actor.add({"grad_norm": grad_norm})
                 skipped += not math.isfinite(grad_norm)
@@ -298,16 +321,28 @@ class Learner:
         return {**actor.result("actor/"), **critic.result("critic/"), "actor/lr": lr,
                 "actor/nonfinite_updates": float(skipped)}
 
+    def _local_micro_batches(self, minibatch: TensorBatch):
+        """(micro-batch, real) pairs this process trains on: all of the minibatch, or under fsdp2 this
+        rank's rows, padded with zero-weight passes so every rank runs as many (distributed.equalize)."""
+        if not self.sharded:
+            return [(m, True) for _, m in micro_batches(minibatch, self.cfg.micro_batch_size, self.token_budget)]
+        mine = minibatch.index(distributed.local_rows(len(minibatch)))
+        micros = [m for _, m in micro_batches(mine, self.cfg.micro_batch_size, self.token_budget)] if len(mine) else []
+        filler = minibatch.index(torch.arange(1))
+        return [(m if real else filler, real) for m, real in distributed.equalize(micros)]
+
     def _clip_and_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """Clip and apply the accumulated gradient; a non-finite gradient norm (a NaN/inf loss or reward
         got through) is not applied at all, so one bad batch cannot destroy the weights or Adam's moments."""
         params = [p for p in model.parameters() if p.grad is not None]
         if not params:
             return 0.0
+        # Under fsdp2 the gradients are DTensor shards: the norms below are global (DTensor reduces them).
         if self.cfg.grad_clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            norm = distributed.to_float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
         else:
-            norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
+            norm = distributed.to_float(torch.nn.utils.get_total_norm([p.grad for p in params])) if self.sharded \
+                else float(torch.norm(torch.stack([p.grad.norm() for p in params])))
         if math.isfinite(norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -316,7 +351,9 @@ class Learner:
     def parameters_finite(self) -> bool:
         """One reduction over every weight: NaN or inf anywhere makes the sum non-finite."""
         with torch.no_grad():
-            return bool(torch.isfinite(torch.stack([p.float().sum() for p in self.policy.parameters()]).sum()))
+            sums = [distributed.to_float(p.float().sum()) for p in self.policy.parameters()]
+            return math.isfinite(math.fsum(sums)) if self.sharded else bool(
+                torch.isfinite(torch.stack([p.float().sum() for p in self.policy.parameters()]).sum()))
 
     def _critic_step(self, minibatch: TensorBatch) -> dict[str, float]:
         """One step of the clipped value loss (PPO), token-mean over the minibatch."""
@@ -346,6 +383,10 @@ class Learner:
         if self.lora:
             return self._lora_merged_weights()
         tied = getattr(self.policy.config, "tie_word_embeddings", False)
+        if self.sharded:   # gathered on rank 0 only (the engine's rank); [] elsewhere
+            full = distributed.full_state_dict(self.policy)
+            return [(name, full[name]) for name, _ in self.policy.named_parameters()
+                    if name in full and not (tied and name == "lm_head.weight")]
         return [(name, p.detach()) for name, p in self.policy.named_parameters()
                 if not (tied and name == "lm_head.weight")]
 
@@ -390,8 +431,9 @@ class Learner:
         """Everything of the learner that changes over a run, except the policy weights (saved as a model
         directory beside it): optimizer moments, LR scheduler, critic and its optimizer, minibatch
         generator, step."""
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "generator": self.generator.get_state(), "step": self.step}
+        state = {"scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(), "step": self.step}
+        if not self.sharded:   # under fsdp2 the optimizer's shards go to the DCP checkpoint (save_dcp)
+            state["optimizer"] = self.optimizer.state_dict()
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
             state["critic_optimizer"] = self.critic_optimizer.state_dict()
@@ -402,7 +444,14 @@ class Learner:
         with LoRA only the adapters, from `policy_dir/adapter` (the base never changes)."""
         from safetensors.torch import load_file
 
-        if self.lora:
+        dcp_dir = Path(policy_dir).parent / distributed.DCP_DIR
+        if dcp_dir.is_dir() and not self.lora:
+            # Written by an fsdp2 run: model + optimizer, resharded to this world size (1 included).
+            distributed.load_dcp(self.policy, self.optimizer, dcp_dir)
+        elif self.sharded:
+            raise RuntimeError(f"{policy_dir} has no {distributed.DCP_DIR}/ beside it: learner.strategy=fsdp2 "
+                               "resumes only from checkpoints written by an fsdp2 run")
+        elif self.lora:
             from peft import set_peft_model_state_dict
 
             weights = load_file(str(Path(policy_dir) / "adapter" / "adapter_model.safetensors"), device=str(self.device))
@@ -418,7 +467,8 @@ class Learner:
             if unexpected or [k for k in missing if not (tied and k == "lm_head.weight")]:
                 raise RuntimeError(f"checkpoint {policy_dir} does not match the policy: missing {missing}, "
                                    f"unexpected {unexpected}")
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
         if "scheduler" in state:   # checkpoints written before the schedule existed ran a constant rate
             self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
@@ -430,10 +480,22 @@ class Learner:
     def save(self, path: str | Path, tokenizer=None) -> None:
         """A plain HF model directory (what engines, evaluation and tables load). With LoRA: the
         merged weights there, and the peft adapter in `path/adapter` (what resume reloads)."""
-        if self.lora:
+        if self.sharded:   # a collective; only rank 0 writes
+            full = distributed.full_state_dict(self.policy)
+            if distributed.rank() != 0:
+                return
+            self.policy.save_pretrained(str(path), state_dict=full)
+        elif self.lora:
             self.policy.get_base_model().save_pretrained(str(path), state_dict=self._merged_state_dict())
             self.policy.save_pretrained(str(Path(path) / "adapter"), save_embedding_layers=False)
         else:
             self.policy.save_pretrained(str(path))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(path))
+
+    def save_dcp(self, path: str | Path) -> None:
+        """Sharded model + optimizer through torch.distributed.checkpoint (loads on any world size)."""
+        distributed.save_dcp(self.policy, self.optimizer, path)
+
+    def close(self) -> None:
+        """Nothing to release in one process (LearnerGroup.close releases the other ranks)."""

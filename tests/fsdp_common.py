@@ -1,0 +1,39 @@
+"""Shared by tests/test_fsdp.py and its torchrun child (tests/fsdp_child.py): the same learner
+settings and batches on both sides of the FSDP2-vs-single-process comparison."""
+
+import torch
+from omegaconf import OmegaConf
+
+from grpo_lab.config import AlgorithmConfig, LearnerConfig
+from grpo_lab.learner.batch import collate
+from grpo_lab.learner.learner import Learner
+
+# Two epochs × two minibatches of 5 and 4 rows, micro-batches of 2: the ranks' shards (3/2, 2/2 rows)
+# run 2/1 and 1/1 micro-batches, so the zero-weight padding passes run; KL > 0 shards the reference.
+SGD_SETTINGS = dict(micro_batch_size=2, epochs=2, minibatches=2, kl={"coef": 0.04}, entropy_coef=0.01,
+                    aggregation="seq_mean_token_mean")
+# Plain SGD at this rate: the change is -lr × the summed gradient (lr 1 over 4 steps diverges to 1e5).
+SGD_LR = 0.1
+ADAM_SETTINGS = dict(micro_batch_size=4, grad_clip=1.0)
+
+
+def make_learner(model_dir, *, strategy="single", micro_batch_size=4, grad_clip=0.0, **algo):
+    algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
+    learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
+                                  {"device": "cpu", "micro_batch_size": micro_batch_size, "grad_clip": grad_clip,
+                                   "strategy": strategy, "total_steps": 10})
+    return Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=1.0, seed=0,
+                   max_completion_len=6)
+
+
+def toy_batch(seed=0, n=10):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [[1] + torch.randint(4, 16, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n)]
+    completions = [torch.randint(4, 16, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist() + [2]
+                   for _ in range(n)]
+    batch = collate(prompts, completions, 0, [[-1.5] * len(c) for c in completions])
+    batch["group_ids"] = torch.arange(n) // 2
+    batch["advantages"] = torch.randn(n, 1, generator=g).expand_as(batch["response_mask"]).clone()
+    batch["loss_mask"] = batch["response_mask"]
+    return batch
