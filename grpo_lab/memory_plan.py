@@ -424,7 +424,7 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
         add(f"rollout engine ({r.engine})", eng * P + kv, f"{eng}·P weights + KV cache of one generate call")
     if n_dev > 1:
         plan.notes.append(f"learner.num_devices={n_dev}: weights, gradients, optimizer, reference and critic "
-                          "sharded FSDP-style (grpo_lab's learner does not shard yet)")
+                          "sharded FSDP-style (learner.strategy=fsdp2 under torchrun --nproc_per_node N)")
     return plan
 
 

@@ -41,7 +41,5 @@ def lr_factor(step: int, *, schedule: str, warmup_steps: int, total_steps: int |
     """Multiplier of the base learning rate for update number `step` (0-based); see the module docstring."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
     span = max(1, (total_steps or 0) - warmup_steps)
     return LR_SCHEDULES.get(schedule)(min(1.0, max(0.0, (step - warmup_steps) / span)))
