@@ -113,3 +113,27 @@ def test_resume_continues_the_same_wandb_run(tmp_path, warm_cache):
     runs = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and {p.name.rsplit("-", 1)[-1] for p in runs} == first   # one id, two sessions
     assert [m["step"] for m in read_metrics(run_dir)] == [0, 1, 2, 2]                # cut back, not appended
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_resume_with_vllm_matches_within_seeded_sampling_tolerance(tmp_path, warm_cache):
+    """With rollout=vllm every request carries its own seed, so a resumed run samples the same tokens as
+    the uninterrupted one; the engine's logprobs after a fresh start + weight push may differ from the
+    long-running engine's in the last float bits. Tolerance: identical steps/samples/rewards, and every
+    other metric within 1e-4 relative (measured: see the closing note of issue 8)."""
+    run = ["rollout=vllm", *RUN]
+    run_dir = tmp_path / "run"
+    assert run_train(run, run_dir, warm_cache).returncode == 0
+    reference = comparable(read_metrics(run_dir))
+    proc = run_train([*run, f"trainer.resume={run_dir / 'checkpoints' / 'step_4'}"], run_dir, warm_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed = comparable(read_metrics(run_dir))
+    assert [m["step"] for m in resumed] == [m["step"] for m in reference]
+    for a, b in zip(resumed, reference):
+        assert a.keys() == b.keys()
+        for key in a:
+            if key.startswith(("reward/", "step", "samples", "rollout/completion_len")):
+                assert a[key] == b[key], key
+            else:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
