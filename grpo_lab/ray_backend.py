@@ -242,6 +242,7 @@ class RaySession:
         root = str(Path(__file__).resolve().parents[1])
         pythonpath = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         runtime_env = {"env_vars": {"PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false"}}
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # runs never wait on the network
         if not ray.is_initialized():
             if address:   # an existing cluster (scripts/slurm_ray.sh starts one under Slurm)
                 ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
