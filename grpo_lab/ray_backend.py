@@ -245,7 +245,14 @@ class RaySession:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # runs never wait on the network
         if not ray.is_initialized():
             if address:   # an existing cluster (scripts/slurm_ray.sh starts one under Slurm)
-                ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+                try:
+                    ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+                except ConnectionError as err:
+                    raise ConnectionError(
+                        f"trainer.backend=ray: could not join the Ray cluster at RAY_ADDRESS={address}: {err}. "
+                        "Is its head running (`ray status`)? A head started by `ray start` uses token "
+                        "authentication by default (Ray 2.60): set RAY_AUTH_MODE=token here, with the "
+                        "cluster's ~/.ray/auth_token readable (scripts/slurm_ray.sh does both)") from err
             else:         # a local cluster just big enough for the two actors (CPU bundles)
                 bundles, _ = placement_bundles(cfg, cuda=cuda, cluster_gpus=torch.cuda.device_count())
                 ray.init(num_cpus=int(sum(b.get("CPU", 0) for b in bundles)), include_dashboard=False,

@@ -33,6 +33,10 @@ HEAD="${NODES[0]}"
 HEAD_IP="$(srun --nodes=1 --ntasks=1 -w "$HEAD" hostname --ip-address | awk '{print $1}')"
 export RAY_ADDRESS="$HEAD_IP:$PORT"
 export RAY_USAGE_STATS_ENABLED=0
+# Ray 2.60 clusters started by `ray start` authenticate clients with a token (~/.ray/auth_token; the
+# home directory is assumed shared by the nodes): make it once, and make every process use it.
+export RAY_AUTH_MODE=token
+"$RAY" get-auth-token --generate > /dev/null
 
 # --block keeps each `ray start` in the foreground of its srun step, so Slurm owns (and on
 # cancellation kills) every Ray process; the steps run in the background of this batch script.
