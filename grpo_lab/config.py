@@ -381,6 +381,8 @@ class TrainerConfig:
     # Steps whose rewards, loss or gradient norm are not finite are skipped (no optimizer step, counted
     # as actor/skipped_steps); the run fails once more than this many were skipped.
     max_bad_steps: int = 3
+    # Where the learner and the rollout engine run: "local" (this process) or "ray" (Ray actors in a placement group; RAY_ADDRESS = an existing cluster, else a local one; grpo_lab/ray_backend.py).
+    backend: str = "local"
 
 
 @dataclass
@@ -606,6 +608,12 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     _check(t.max_staleness in (0, 1), f"trainer.max_staleness={t.max_staleness}; valid choices: 0 (synchronous) "
            "or 1 (sample the next step while the learner trains)", errors)
     _check(t.max_bad_steps >= 0, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0", errors)
+    _check(t.backend in ("local", "ray"), f"trainer.backend={t.backend!r}; valid choices: local (this process) "
+           "or ray (learner and engine as Ray actors)", errors)
+    if t.backend == "ray":
+        _check(not machine or importlib.util.find_spec("ray") is not None,
+               "trainer.backend=ray needs the ray package (pip install ray==2.60.0, pinned in requirements.txt); "
+               "or use trainer.backend=local", errors)
     if t.resume not in (None, "auto"):
         _check(Path(t.resume).is_dir(), f"trainer.resume={t.resume!r} is not a checkpoint directory; give a "
                "<run dir>/checkpoints/step_N directory, trainer.resume=auto (newest checkpoint of this run "
