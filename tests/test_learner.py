@@ -9,9 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_lab.config import AlgorithmConfig, LearnerConfig
-from grpo_lab.learner.batch import collate
 from grpo_lab.learner.learner import Learner
 from grpo_lab.models import MODEL_BUILDERS
+
+import fsdp_common  # tests/ is on sys.path (pytest rootdir conftest)
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +29,7 @@ def make_learner(model_dir, micro_batch_size=64, **algo):
 
 
 def toy_batch(seed=0, n=10):
-    g = torch.Generator().manual_seed(seed)
-    prompts = [[1] + torch.randint(4, 16, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(n)]
-    completions = [torch.randint(4, 16, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist() + [2]
-                   for _ in range(n)]
-    batch = collate(prompts, completions, 0, [[-1.5] * len(c) for c in completions])
-    batch["group_ids"] = torch.arange(n) // 2
-    batch["advantages"] = torch.randn(n, 1, generator=g).expand_as(batch["response_mask"]).clone()
-    batch["loss_mask"] = batch["response_mask"]
+    batch = fsdp_common.toy_batch(seed, n)      # the same toy rows the FSDP equivalence tests use
     batch["returns"] = batch["advantages"]
     return batch
 
