@@ -120,3 +120,12 @@ def test_machine_checks_are_separate_from_value_checks():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="learner.device=cuda but this machine has no CUDA device"):
             validate(cfg)
+
+
+def test_the_smollm2_recipe_composes_validates_and_fits_this_machine():
+    """experiment=smollm2_chain_sum (make run-smollm2): chat model, question-form chain_sum, vLLM, LoRA, no
+    warm-up; its memory plan fits this machine (validate includes the plan's verdict)."""
+    cfg = make(["experiment=smollm2_chain_sum"])
+    validate(cfg)
+    assert cfg.model.builder == "smollm2_135m" and cfg.task.prompt_format == "question"
+    assert cfg.learner.lora.rank > 0 and cfg.warmup.max_steps == 0 and cfg.rollout.engine == "vllm"

@@ -21,7 +21,7 @@ from grpo_lab.tables.plan import compose_jobs, make_plan, preflight, variant_ove
 from grpo_lab.tables.spec import TableSpecError, load_spec
 
 TABLES = sorted(p.stem for p in (REPO / "conf" / "table").glob("*.yaml"))
-EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.yaml"))   # paper-scale GPU recipes
 # Jobs per table at lab scale (conditions x 3 seeds), as documented in each yaml.
 EXPECTED_JOBS = {"group_size": 12, "dapo": 18, "algorithms": 21, "std_norm": 9, "clip": 18, "kl": 15}
 
