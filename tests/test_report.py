@@ -522,3 +522,12 @@ def test_missing_path_named_in_error(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(NoRunsFound):
         load_runs([])
+
+
+def test_table_files_name_project_paths_not_absolute_ones(tmp_path, monkeypatch):
+    from grpo_lab.report.runs import display_path
+
+    monkeypatch.chdir(tmp_path)
+    assert display_path(tmp_path / "outputs" / "tables" / "kl") == "outputs/tables/kl"
+    assert display_path("outputs/x") == "outputs/x"
+    assert display_path("/somewhere/else") == "/somewhere/else"   # outside the project: left as given

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .runs import COMPLETED, FAILED, INCOMPLETE, group_runs, load_runs
+from .runs import COMPLETED, FAILED, INCOMPLETE, display_path, group_runs, load_runs
 from .table import (
     build_table,
     failed_runs_markdown,
@@ -131,7 +131,7 @@ def _compose_markdown(
     lines.append(f"- **Date:** {date}")
     lines.append(
         f"- **Runs:** {len(runs)} ({counts[COMPLETED]} completed, {counts[FAILED]} failed, "
-        f"{counts[INCOMPLETE]} incomplete) from {', '.join(f'`{p}`' for p in paths)}"
+        f"{counts[INCOMPLETE]} incomplete) from {', '.join(f'`{display_path(p)}`' for p in paths)}"
     )
     lines.append(
         f"- **Statistics:** mean ± {confidence:.0%} CI half-width over seeds (Student t, n−1 "

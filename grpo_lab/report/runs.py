@@ -106,6 +106,16 @@ class Run:
         return self.config_get("seed", self.override_map.get("seed"))
 
 
+def display_path(path: str | os.PathLike) -> str:
+    """`path` relative to the working directory (the project, for make targets) when it lies inside it,
+    so committed tables name project paths, not one machine's absolute ones."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
 def _natural_key(path: Path) -> list:
     """Sort sweep job dirs 0, 1, 2, ..., 10 rather than 0, 1, 10, 2."""
     return [int(tok) if tok.isdigit() else tok for tok in re.split(r"(\d+)", str(path))]

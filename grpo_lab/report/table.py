@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .runs import Group, Run
+from .runs import Group, Run, display_path
 from .stats import first_reach, mean_ci
 
 ACC = "eval/accuracy"
@@ -417,7 +417,7 @@ def write_runs_csv(groups: Sequence[Group], columns: Sequence[Column], ctx: Cont
             for r in g.runs:
                 vals = [column.value(r, ctx) for column in columns]
                 w.writerow(
-                    [g.label, r.name, str(r.path), r.status, "" if r.seed is None else r.seed,
+                    [g.label, r.name, display_path(r.path), r.status, "" if r.seed is None else r.seed,
                      _short_error(r.error) if not r.ok else ""]
                     + ["" if v is None else repr(float(v)) for v in vals]
                 )
