@@ -477,6 +477,7 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
 
     import torch
 
+    from grpo_lab.backends import TRAINER_BACKENDS
     from grpo_lab.models import MODEL_BUILDERS
     from grpo_lab.objectives import OBJECTIVES
     from grpo_lab.rollout import ROLLOUT_ENGINES
@@ -608,11 +609,10 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     _check(t.max_staleness in (0, 1), f"trainer.max_staleness={t.max_staleness}; valid choices: 0 (synchronous) "
            "or 1 (sample the next step while the learner trains)", errors)
     _check(t.max_bad_steps >= 0, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0", errors)
-    _check(t.backend in ("local", "ray"), f"trainer.backend={t.backend!r}; valid choices: local (this process) "
-           "or ray (learner and engine as Ray actors)", errors)
-    if t.backend == "ray":
-        _check(not machine or importlib.util.find_spec("ray") is not None,
-               "trainer.backend=ray needs the ray package (pip install ray==2.60.0, pinned in requirements.txt); "
+    if registered(TRAINER_BACKENDS, t.backend, "trainer.backend"):
+        module = TRAINER_BACKENDS.fact(t.backend, "requires_module")
+        _check(not machine or module is None or importlib.util.find_spec(module) is not None,
+               f"trainer.backend={t.backend} needs the {module} package (`make venv` installs the pinned version); "
                "or use trainer.backend=local", errors)
     if t.resume not in (None, "auto"):
         _check(Path(t.resume).is_dir(), f"trainer.resume={t.resume!r} is not a checkpoint directory; give a "

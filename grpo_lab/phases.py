@@ -138,7 +138,7 @@ class GroupSampler:
 
     def state_dict(self) -> dict:
         """Position in the prompt stream and the call counter that seeds each rollout."""
-        return {"stream": self.stream.state_dict(), "calls": getattr(self, "calls", 0)}
+        return {"stream": self.stream.state_dict(), "calls": self.calls}
 
     def load_state_dict(self, state: dict) -> None:
         self.stream.load_state_dict(state["stream"])

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from grpo_lab import checkpoint
+from grpo_lab.backends import TRAINER_BACKENDS
 from grpo_lab.config import ConfigError, finalize, register_configs, validate
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner import distributed
@@ -38,9 +39,8 @@ from grpo_lab.memory_plan import plan_memory
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.prompts import prepare_for_model
-from grpo_lab.ray_backend import ray_builders
 from grpo_lab.phases import RewardNormalizer, RolloutPipeline, evaluate, rollout_metrics, to_learner_batch
-from grpo_lab.rollout import ROLLOUT_ENGINES, make_engine
+from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.tasks import build_task
 
 
@@ -138,16 +138,10 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
     check_context(cfg, task, tokenizer)
     a, t = cfg.algorithm, cfg.trainer
     objective = OBJECTIVES.get(a.objective)
-    # trainer.backend=local: in this process (learner.strategy=fsdp2: rank 0's handle, each call runs on every
-    # torchrun rank, learner/distributed.py); ray: actors behind proxies with the same methods (ray_backend.py).
-    if t.backend == "ray":
-        build_learner, build_engine = ray_builders(cfg)
-        learner = build_learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=a, temperature=cfg.rollout.temperature,
-                                seed=cfg.seed, max_completion_len=cfg.rollout.max_new_tokens)
-    else:
-        build_engine = make_engine
-        learner = distributed.make_learner(cfg, policy_dir, temperature=cfg.rollout.temperature, seed=cfg.seed,
-                                           max_completion_len=cfg.rollout.max_new_tokens)
+    # Where the learner and the engine run: this process (or torchrun ranks), or Ray actors (backends.py).
+    build_learner, build_engine = TRAINER_BACKENDS.get(t.backend)(cfg)
+    learner = build_learner(cfg, policy_dir, temperature=cfg.rollout.temperature, seed=cfg.seed,
+                            max_completion_len=cfg.rollout.max_new_tokens)
     state = checkpoint.load(resume_from) if resume_from else None
     if state:  # before the engine starts, so a bad checkpoint fails cheaply
         learner.load_state(resume_from / "policy", state["learner"])

@@ -23,3 +23,14 @@ def warm_cache(tmp_path_factory):
                      cache / "_warmup_run", cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return cache
+
+
+@pytest.fixture
+def one_thread():
+    """Two shared cores: torch's default thread pool only oversubscribes them for a 0.5M model."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

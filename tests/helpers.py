@@ -29,6 +29,25 @@ def run_train(overrides: list[str], run_dir: Path, cache_dir: Path, timeout: int
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def train_in_process(overrides: list[str], monkeypatch) -> int:
+    """`python -m grpo_lab.train <overrides>` in this process (so parts registered by a test file count);
+    returns the exit code (Hydra reports a failed run by exiting; summary.json holds the traceback)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    import grpo_lab.train as train
+
+    GlobalHydra.instance().clear()
+    monkeypatch.setattr(sys, "argv", ["grpo_lab.train", "--config-path", str(REPO / "conf"), "--config-name",
+                                      "config", *overrides])
+    try:
+        train.main()
+        return 0
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
@@ -52,5 +71,5 @@ def start_model_dir(cache_dir: Path) -> Path:
     return dirs[0]
 
 
-__all__ = ["REPO", "TINY_RUN", "run_train", "read_metrics", "assert_finite_metrics", "max_param_change",
+__all__ = ["REPO", "TINY_RUN", "run_train", "train_in_process", "read_metrics", "assert_finite_metrics", "max_param_change",
            "start_model_dir", "TASK", "WARMUP", "torch"]

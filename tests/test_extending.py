@@ -5,7 +5,6 @@ steps end to end. Also what the registries' facts and the non-finite guard do wi
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from grpo_lab.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from grpo_lab.config import ConfigError, register_configs, validate
 from grpo_lab.rewards import REWARDS
+from helpers import train_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["rollout=hf", "logger=none", "trainer.total_steps=2", "trainer.prompts_per_step=4", "rollout.group_size=4",
@@ -71,30 +71,6 @@ aggregation: token_mean
 """
 
 
-def run_main(overrides: list[str], monkeypatch) -> int:
-    """`python -m grpo_lab.train <overrides>` in this process (so this file's registrations count)."""
-    import grpo_lab.train as train
-
-    GlobalHydra.instance().clear()
-    monkeypatch.setattr(sys, "argv", ["grpo_lab.train", "--config-path", str(REPO / "conf"), "--config-name", "config",
-                                      *overrides])
-    try:
-        train.main()
-        return 0
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    finally:
-        GlobalHydra.instance().clear()
-
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("model_cache")
@@ -105,7 +81,7 @@ def test_a_new_loss_and_estimator_are_one_function_and_one_yaml_each(tmp_path, c
     (conf / "algorithm").mkdir(parents=True)
     (conf / "algorithm" / "toy.yaml").write_text(TOY_RECIPE)
     run_dir = tmp_path / "run"
-    code = run_main(["algorithm=toy", f"hydra.searchpath=[file://{conf}]", *TINY, f"hydra.run.dir={run_dir}",
+    code = train_in_process(["algorithm=toy", f"hydra.searchpath=[file://{conf}]", *TINY, f"hydra.run.dir={run_dir}",
                      f"cache_dir={cache}"], monkeypatch)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert code == 0 and summary["status"] == "completed", summary["traceback"]
@@ -136,13 +112,13 @@ def test_non_finite_loss_steps_are_skipped_counted_and_fail_the_run_past_the_lim
     past trainer.max_bad_steps the run fails clearly, without a final checkpoint."""
     ok_dir, bad_dir = tmp_path / "tolerated", tmp_path / "failed"
     common = ["algorithm.policy_loss=toy_nan", *TINY, f"cache_dir={cache}"]
-    assert run_main([*common, "trainer.max_bad_steps=5", f"hydra.run.dir={ok_dir}"], monkeypatch) == 0
+    assert train_in_process([*common, "trainer.max_bad_steps=5", f"hydra.run.dir={ok_dir}"], monkeypatch) == 0
     lines = [json.loads(s) for s in (ok_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["actor/skipped_steps"] for m in lines if "perf/step_time_s" in m] == [1.0, 2.0]
     from safetensors.torch import load_file
     assert all(torch.isfinite(t).all() for t in load_file(str(ok_dir / "checkpoints/final/model.safetensors")).values())
 
-    assert run_main([*common, "trainer.max_bad_steps=1", f"hydra.run.dir={bad_dir}"], monkeypatch) != 0
+    assert train_in_process([*common, "trainer.max_bad_steps=1", f"hydra.run.dir={bad_dir}"], monkeypatch) != 0
     summary = json.loads((bad_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "trainer.max_bad_steps=1" in summary["error"]
     assert not (bad_dir / "checkpoints" / "final").exists()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from safetensors.torch import load_file
 
 from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.rewards import REWARDS
+from helpers import train_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -107,28 +107,10 @@ def shared_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("model_cache")
 
 
-@pytest.fixture
-def one_thread():
-    """Two shared cores: torch's default thread pool only oversubscribes them for a 0.5M model."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def run_main(overrides: list[str], monkeypatch) -> None:
-    """`python -m grpo_lab.train <overrides>`, in this process."""
-    import grpo_lab.train as train
-
-    GlobalHydra.instance().clear()
-    monkeypatch.setattr(sys, "argv", ["grpo_lab.train", "--config-path", str(CONF), "--config-name", "config",
-                                      *overrides])
-    try:
-        train.main()
-    except SystemExit as exc:  # Hydra reports a failed run by exiting; summary.json holds the traceback
-        assert not exc.code, f"grpo_lab.train exited with {exc.code}"
-    finally:
-        GlobalHydra.instance().clear()
+    """`python -m grpo_lab.train <overrides>`, in this process; the run must succeed."""
+    code = train_in_process(overrides, monkeypatch)
+    assert not code, f"grpo_lab.train exited with {code}"
 
 
 @pytest.mark.parametrize("name", RECIPES)
