@@ -66,8 +66,9 @@ def test_several_updates_per_batch_make_clipping_bind(model_dir):
     metrics = []
     for learner in (one, many):
         batch = toy_batch()
+        with torch.no_grad():   # on-policy: the engine sampled from exactly the learner's policy
+            batch["sampler_logprobs"] = learner.policy_logprobs(batch)[0]
         learner.score(batch)
-        batch["old_logprobs"] = batch["learner_logprobs"]   # on-policy: as if the engine sampled them
         metrics.append(learner.update(batch))
     # μ=1 on-policy: the ratio is 1 on the only pass (old logprobs = the learner's own), nothing clips.
     assert metrics[0]["actor/clip_frac_low"] + metrics[0]["actor/clip_frac_high"] == 0

@@ -77,6 +77,17 @@ class TensorBatch:
         return TensorBatch(out, prompt_width, self.extras)
 
 
+def _padded(rows: list[list], width: int, fill, dtype: torch.dtype, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged rows -> ([N, width] tensor padded with `fill` on the left or right, bool mask of the
+    real entries), in one scatter: a boolean-mask assignment fills row-major, the order of `flat`."""
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)                 # [N]
+    cols = torch.arange(width)
+    real = cols >= width - lengths[:, None] if left else cols < lengths[:, None]      # [N, width]
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    out[real] = torch.tensor([x for r in rows for x in r], dtype=dtype)
+    return out, real
+
+
 def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
             sampler_logprobs: list[list[float]] | None = None) -> TensorBatch:
     """Pad N (prompt, completion) pairs into the layout above.
@@ -84,36 +95,33 @@ def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id
     Returns tensors: input_ids, attention_mask, position_ids [N, P+T]; completion_ids,
     response_mask [N, T]; sampler_logprobs [N, T] when given (0 at padding).
     """
-    n = len(prompt_ids)
     P = max(len(p) for p in prompt_ids)
     T = max(1, max(len(c) for c in completion_ids))
-    input_ids = torch.full((n, P + T), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, P + T), dtype=torch.long)
-    response_mask = torch.zeros((n, T), dtype=torch.float32)
-    old = torch.zeros((n, T), dtype=torch.float32)
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        attention[i, P - len(p):P] = 1
-        if c:
-            input_ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
-            attention[i, P:P + len(c)] = 1
-            response_mask[i, :len(c)] = 1.0
-            if sampler_logprobs is not None:
-                old[i, :len(c)] = torch.tensor(sampler_logprobs[i], dtype=torch.float32)
+    prompt, prompt_real = _padded(prompt_ids, P, pad_id, torch.long, left=True)          # [N, P]
+    completion, completion_real = _padded(completion_ids, T, pad_id, torch.long, left=False)  # [N, T]
+    input_ids = torch.cat([prompt, completion], 1)
+    attention = torch.cat([prompt_real, completion_real], 1).long()
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     tensors = {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
-               "completion_ids": input_ids[:, P:].clone(), "response_mask": response_mask}
+               "completion_ids": completion, "response_mask": completion_real.float()}
     if sampler_logprobs is not None:
-        tensors["sampler_logprobs"] = old
+        # Only rows with a completion carry logprobs (an empty completion has none, whatever was passed).
+        rows = [lp if c else [] for lp, c in zip(sampler_logprobs, completion_ids)]
+        tensors["sampler_logprobs"] = _padded(rows, T, 0.0, torch.float32, left=False)[0]
     return TensorBatch(tensors, P)
 
 
 def completion_logits(model, batch: TensorBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Logits [N, T, V] that predict each completion token, divided by the sampling temperature."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False)
+    """Logits [N, T, V] that predict each completion token, divided by the sampling temperature.
+
+    Only the last T + 1 positions go through the LM head (HF's `logits_to_keep`): completions are
+    right-padded to the row's end, so those are positions P − 1 … P + T − 1, and the last one predicts
+    nothing. The prompt positions' logits ([N, P, V], most of a short answer's batch) are never made."""
     P, T = batch.prompt_width, batch["completion_ids"].shape[1]
-    return out.logits[:, P - 1:P - 1 + T].float() / temperature          # [N, T, V]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False, logits_to_keep=T + 1)
+    assert out.logits.shape[1] == T + 1, "the model ignored logits_to_keep"
+    return out.logits[:, :T].float() / temperature                       # [N, T, V]
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -121,16 +129,27 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def _head_stats(head, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: bool) -> torch.Tensor:
+def _entropy(logits: torch.Tensor, entropy: bool, entropy_grad: bool) -> torch.Tensor | None:
+    """Token entropy [..] of `logits` [.., V]: on the autograd graph only when a loss term uses it
+    (an entropy bonus); as a metric it is computed from detached logits, so backward neither keeps
+    its [.., V] intermediates nor differentiates through them."""
+    if not entropy:
+        return None
+    return entropy_from_logits(logits if entropy_grad else logits.detach())
+
+
+def _head_stats(head, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, entropy: bool,
+                entropy_grad: bool) -> torch.Tensor:
     """One chunk: [c, H], [c] -> [c, 1] (token logprob) or [c, 2] (logprob, entropy)."""
     logits = head(hidden).float() / temperature                           # [c, V]
     logp = token_logprobs(logits, tokens)                                 # [c]
-    return torch.stack([logp, entropy_from_logits(logits)], -1) if entropy else logp.unsqueeze(-1)
+    return torch.stack([logp, _entropy(logits, True, entropy_grad)], -1) if entropy else logp.unsqueeze(-1)
 
 
 def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chunk_tokens: int | None = None,
-                     entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(token logprobs [N, T], entropy [N, T] or None) of the completions under `model`.
+                     entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(token logprobs [N, T], entropy [N, T] or None) of the completions under `model`; the entropy
+    carries a gradient only with entropy_grad=True (`_entropy`).
 
     chunk_tokens=None: from the full logits [N, T, V] (`completion_logits`). Otherwise the decoder's
     hidden states [N, T, H] go through the LM head `chunk_tokens` (row, position) slots at a time,
@@ -143,7 +162,7 @@ def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chu
     tokens = batch["completion_ids"]
     if chunk_tokens is None:
         logits = completion_logits(model, batch, temperature)             # [N, T, V]
-        return token_logprobs(logits, tokens), (entropy_from_logits(logits) if entropy else None)
+        return token_logprobs(logits, tokens), _entropy(logits, entropy, entropy_grad)
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model   # peft wrapper -> HF CausalLM
     hidden = lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                               position_ids=batch["position_ids"], use_cache=False).last_hidden_state
@@ -151,11 +170,14 @@ def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chu
     hidden = hidden[:, P - 1:P - 1 + T].reshape(N * T, -1)                # [N·T, H]
     flat, head, parts = tokens.reshape(N * T), lm.get_output_embeddings(), []
     for start in range(0, N * T, chunk_tokens):
-        args = (head, hidden[start:start + chunk_tokens], flat[start:start + chunk_tokens], temperature, entropy)
+        args = (head, hidden[start:start + chunk_tokens], flat[start:start + chunk_tokens], temperature, entropy,
+                entropy_grad)
         parts.append(checkpoint(_head_stats, *args, use_reentrant=False) if torch.is_grad_enabled()
                      else _head_stats(*args))                             # [c, 1 or 2]
     stats = torch.cat(parts).view(N, T, -1)                               # [N, T, 1 or 2]
-    return stats[..., 0], (stats[..., 1] if entropy else None)
+    if not entropy:
+        return stats[..., 0], None
+    return stats[..., 0], stats[..., 1] if entropy_grad else stats[..., 1].detach()   # detached in _head_stats
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:

@@ -133,6 +133,21 @@ def micro_batches(batch: TensorBatch, size: int, max_tokens: int | None = None):
             group, wide_p, wide_c = [i], int(prompt[i]), int(completion[i])
 
 
+def _in_batch_order(pieces: list[tuple[torch.Tensor, torch.Tensor]], n: int, width: int) -> torch.Tensor:
+    """Per-micro-batch (row indices [m], values [m, t ≤ width]) back to one [n, width] tensor in batch
+    order (trimmed micro-batches are narrower; padding stays 0)."""
+    full = torch.zeros(n, width, dtype=pieces[0][1].dtype)
+    for idx, v in pieces:
+        full[idx, :v.shape[1]] = v
+    return full
+
+
+def mismatch_metrics(batch: TensorBatch) -> dict[str, float]:
+    """rollout/logprob_* : how far the engine's logprobs are from the learner's on the sampled tokens."""
+    return {f"rollout/{k}": float(v) for k, v in logprob_mismatch_metrics(
+        batch["learner_logprobs"], batch["sampler_logprobs"], batch["response_mask"]).items()}
+
+
 class AdapterDisabledReference:
     """π_ref under LoRA: the policy's own frozen base weights with its adapters switched off (peft's
     `disable_adapter()`), so no second copy of the model exists. It owns no parameters."""
@@ -182,6 +197,9 @@ class Learner:
         self.lora = lora is not None and lora.rank > 0
         self.policy = apply_lora(policy, lora) if self.lora else policy
         self.policy.train()
+        # Dropout anywhere makes a train-mode forward differ from the eval-mode scoring forward.
+        self.stochastic_forward = getattr(policy.config, "attention_dropout", 0.0) > 0 or any(
+            isinstance(m, nn.Dropout) and m.p > 0 for m in self.policy.modules())
         # The objective says what it needs: the reference is only loaded when something reads it
         # (KL > 0, or DPO's implicit reward), the critic only when trained.
         self.objective = OBJECTIVES.get(algo_cfg.objective)
@@ -216,59 +234,75 @@ class Learner:
         self.step = 0
 
     # ------------------------------------------------------------------ scoring (no gradients)
+    def learner_logprobs_from_update(self, batch: TensorBatch) -> bool:
+        """Whether π_learner can come from the update's own forward instead of a scoring forward.
+
+        Only when that forward runs at the sampling weights and nothing before it reads π_learner:
+        one optimizer step per batch (algorithm.epochs = minibatches = 1), no TIS (its weights enter
+        the loss), sampled rows (not pairs from a file), an objective whose loss reports the logprobs,
+        one process (under fsdp2 each rank sees only its rows), and a forward without dropout (the
+        scoring forward ran in eval mode). Then π_old is the sampler's logprobs and π_learner feeds only
+        the mismatch metrics, which `update` computes from the same numbers up to matmul rounding.
+        """
+        return (self.algo.epochs == 1 and self.algo.minibatches == 1 and self.algo.tis_cap is None
+                and not batch.extras.get("offline") and "sampler_logprobs" in batch and not self.sharded
+                and self.objective.reports_learner_logprobs and not self.stochastic_forward)
+
     @torch.no_grad()
     def score(self, batch: TensorBatch) -> dict[str, float]:
         """Add the learner's own π_old logprobs, the reference logprobs and critic values to `batch`.
 
         Also decides what the policy loss uses as π_old: the sampler's logprobs (the issue's
         contract: the engine's distribution is what was sampled), or with TIS the learner's own,
-        reweighted by min(π_learner / π_sampler, cap) (Yao et al. 2025).
+        reweighted by min(π_learner / π_sampler, cap) (Yao et al. 2025). The policy's own forward is
+        skipped when `learner_logprobs_from_update` says the update's forward gives the same numbers
+        (the default GRPO step: one forward fewer per step, issue 10).
         """
+        deferred = self.learner_logprobs_from_update(batch)
+        batch.extras["learner_logprobs_from_update"] = deferred
         parts = defaultdict(list)
         # Eval mode: π_old must not depend on dropout noise (LoRA dropout); a no-op for dropout-free models.
         self.policy.eval()
         try:
-            for idx, micro in micro_batches(batch, self.cfg.micro_batch_size, self.token_budget):
-                micro = micro.to(self.device)
-                parts["learner_logprobs"].append((idx, self.policy_logprobs(micro)[0].cpu()))
-                if self.ref is not None:
-                    parts["ref_logprobs"].append((idx, self.policy_logprobs(micro, model=self.ref)[0].cpu()))
-                if self.critic is not None:
-                    parts["old_values"].append((idx, self.critic(micro).float().cpu()))
+            if not deferred or self.ref is not None or self.critic is not None:
+                for idx, micro in micro_batches(batch, self.cfg.micro_batch_size, self.token_budget):
+                    micro = micro.to(self.device)
+                    if not deferred:
+                        parts["learner_logprobs"].append((idx, self.policy_logprobs(micro)[0].cpu()))
+                    if self.ref is not None:
+                        parts["ref_logprobs"].append((idx, self.policy_logprobs(micro, model=self.ref)[0].cpu()))
+                    if self.critic is not None:
+                        parts["old_values"].append((idx, self.critic(micro).float().cpu()))
         finally:
             self.policy.train()
-        T = batch["response_mask"].shape[1]
         for k, pieces in parts.items():
-            # Back to batch order and width (trimmed micro-batches are narrower; padding stays 0).
-            full = torch.zeros(len(batch), T, dtype=pieces[0][1].dtype)
-            for idx, v in pieces:
-                full[idx, :v.shape[1]] = v
-            batch[k] = full
-        mask = batch["response_mask"]
+            batch[k] = _in_batch_order(pieces, len(batch), batch["response_mask"].shape[1])
         if batch.extras.get("offline"):  # pairs from a file: nothing was sampled, nothing to correct
             batch["old_logprobs"] = batch["learner_logprobs"]
             return {}
-        metrics = {f"rollout/{k}": float(v) for k, v in
-                   logprob_mismatch_metrics(batch["learner_logprobs"], batch["sampler_logprobs"], mask).items()}
+        if deferred:
+            batch["old_logprobs"] = batch["sampler_logprobs"]
+            return {}                     # the mismatch metrics come with `update`'s
         if self.algo.tis_cap is not None:
             batch["is_weights"] = truncated_is_weights(batch["learner_logprobs"], batch["sampler_logprobs"],
-                                                       mask, self.algo.tis_cap)
+                                                       batch["response_mask"], self.algo.tis_cap)
             batch["old_logprobs"] = batch["learner_logprobs"]
         else:
             batch["old_logprobs"] = batch["sampler_logprobs"]
-        return metrics
+        return mismatch_metrics(batch)
 
-    def policy_logprobs(self, micro: TensorBatch, model=None, *,
-                        entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def policy_logprobs(self, micro: TensorBatch, model=None, *, entropy: bool = False,
+                        entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(token logprobs [n, T], token entropy [n, T] or None) of the completions under the policy
         (or `model`, e.g. `self.ref`), at the sampling temperature; objectives build their losses on
-        this. Full-vocabulary logits stay inside (chunked with learner.logits_chunk_tokens)."""
+        this. The entropy carries a gradient only with entropy_grad=True (a loss term uses it).
+        Full-vocabulary logits stay inside (chunked with learner.logits_chunk_tokens)."""
         if isinstance(model, AdapterDisabledReference):
             with model.peft_model.disable_adapter():
-                return self.policy_logprobs(micro, entropy=entropy)
+                return self.policy_logprobs(micro, entropy=entropy, entropy_grad=entropy_grad)
         with self._autocast():
             return completion_stats(self.policy if model is None else model, micro, self.temperature,
-                                    chunk_tokens=self.logits_chunk, entropy=entropy)
+                                    chunk_tokens=self.logits_chunk, entropy=entropy, entropy_grad=entropy_grad)
 
     def _autocast(self):
         """bf16 compute over fp32 master weights (learner.dtype=bf16); nothing otherwise. Backward
@@ -287,6 +321,8 @@ class Learner:
         """
         actor, critic = MetricMean(), MetricMean()
         n, skipped = len(batch), 0
+        from_update = batch.extras.get("learner_logprobs_from_update", False)   # set by `score`
+        learner_logprobs = []             # (batch rows, π_learner logprobs) per micro-batch, when from_update
         lr = self.optimizer.param_groups[0]["lr"]   # this step's scheduled rate
         if n == 0:
             self.scheduler.step()                     # the schedule counts RL steps, empty or not
@@ -303,11 +339,14 @@ class Learner:
                             **self.objective.minibatch_norms(minibatch))
                 self.optimizer.zero_grad(set_to_none=True)
                 part = MetricMean()
-                for micro, real in self._local_micro_batches(minibatch):
-                    loss, metrics = self.objective.loss(self, micro.to(self.device), norm)
+                for rows, micro, real in self._local_micro_batches(minibatch):
+                    micro = micro.to(self.device)
+                    loss, metrics = self.objective.loss(self, micro, norm)
                     (loss if real else loss * 0.0).backward()
                     if real:
                         part.add(metrics, weight=len(micro))
+                    if from_update:       # one step per batch: this forward ran at the sampling weights
+                        learner_logprobs.append((mb_idx[rows], micro["learner_logprobs"].float().cpu()))
                 if self.sharded:
                     distributed.merge_metric_means(part)   # the whole minibatch's metrics on every rank
                 actor.absorb(part)
@@ -318,18 +357,23 @@ class Learner:
                     critic.add(self._critic_step(minibatch))
         self.step += 1
         self.scheduler.step()
-        return {**actor.result("actor/"), **critic.result("critic/"), "actor/lr": lr,
+        behaviour = {}
+        if from_update:
+            batch["learner_logprobs"] = _in_batch_order(learner_logprobs, n, batch["response_mask"].shape[1])
+            behaviour = mismatch_metrics(batch)
+        return {**actor.result("actor/"), **critic.result("critic/"), **behaviour, "actor/lr": lr,
                 "actor/nonfinite_updates": float(skipped)}
 
     def _local_micro_batches(self, minibatch: TensorBatch):
-        """(micro-batch, real) pairs this process trains on: all of the minibatch, or under fsdp2 this
-        rank's rows, padded with zero-weight passes so every rank runs as many (distributed.equalize)."""
+        """(minibatch rows or None, micro-batch, real) triples this process trains on: all of the
+        minibatch, or under fsdp2 this rank's rows (rows None), padded with zero-weight passes so
+        every rank runs as many (distributed.equalize)."""
         if not self.sharded:
-            return [(m, True) for _, m in micro_batches(minibatch, self.cfg.micro_batch_size, self.token_budget)]
+            return [(idx, m, True) for idx, m in micro_batches(minibatch, self.cfg.micro_batch_size, self.token_budget)]
         mine = minibatch.index(distributed.local_rows(len(minibatch)))
         micros = [m for _, m in micro_batches(mine, self.cfg.micro_batch_size, self.token_budget)] if len(mine) else []
         filler = minibatch.index(torch.arange(1))
-        return [(m if real else filler, real) for m, real in distributed.equalize(micros)]
+        return [(None, m if real else filler, real) for m, real in distributed.equalize(micros)]
 
     def _clip_and_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """Clip and apply the accumulated gradient; a non-finite gradient norm (a NaN/inf loss or reward

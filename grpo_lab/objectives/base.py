@@ -23,6 +23,12 @@ class Objective:
     keeps state, so one registered instance serves every run.
     """
 
+    # Whether `loss` leaves the policy's detached token logprobs [n, T] of the micro-batch's
+    # completions on it as ``micro["learner_logprobs"]``. Then, at one optimizer step per batch, that
+    # forward runs at the sampling weights and the learner reads π_learner (the engine-mismatch
+    # metrics) there instead of running a scoring forward of its own (Learner.score).
+    reports_learner_logprobs = False
+
     def needs_reference(self, algo) -> bool:
         """Whether the learner must hold a frozen copy of the starting policy (loaded only then)."""
         return algo.kl.coef > 0

@@ -26,6 +26,8 @@ KL_PLACEMENTS = ("loss", "reward")
 
 
 class PolicyGradient(Objective):
+    reports_learner_logprobs = True
+
     def min_group_size(self, algo) -> int:
         if algo.advantage not in ADVANTAGE_ESTIMATORS:
             return 1
@@ -113,7 +115,9 @@ class PolicyGradient(Objective):
         group (if the supervised anchor is on), aggregated with the configured mode over the
         minibatch-wide normalisers."""
         a = learner.algo
-        logp, entropy = learner.policy_logprobs(micro, entropy=True)         # [n, T], [n, T]
+        # The entropy is always logged; it is on the autograd graph only when the bonus uses it.
+        logp, entropy = learner.policy_logprobs(micro, entropy=True, entropy_grad=a.entropy_coef > 0)  # [n, T] ×2
+        micro["learner_logprobs"] = logp.detach()                           # reports_learner_logprobs
         mask = micro["loss_mask"]
         is_weights = micro["is_weights"] if "is_weights" in micro else None
         loss_mat, m = POLICY_LOSSES.call(a.policy_loss, logp, micro["old_logprobs"], micro["advantages"], mask,
