@@ -25,6 +25,7 @@ from grpo_lab.report import (
     load_run,
     load_runs,
     mean_ci,
+    paired_diff_ci,
     t_ppf,
     welch_diff_ci,
 )
@@ -206,6 +207,19 @@ def test_mean_ci_by_hand():
     assert n == 0 and math.isnan(mean) and math.isnan(half)
     # a diverged seed is not hidden
     assert math.isnan(mean_ci([0.5, float("nan")])[0])
+
+
+def test_paired_diff_ci_by_hand():
+    # seeds 0, 1, 2: a = .50 .60 .70, b = .40 .55 .60 -> d = .10 .05 .10, mean .083333
+    # sd(d) = √(((1/60)² + (2/60)² + (1/60)²) / 2) = √(6/3600/2) = 0.028868
+    # half = t_{0.975,2} · sd / √3 = 4.302653 · 0.016667 = 0.071711
+    d, half, n = paired_diff_ci({0: .50, 1: .60, 2: .70}, {0: .40, 1: .55, 2: .60})
+    assert n == 3 and d == pytest.approx(1 / 12, abs=1e-12) and half == pytest.approx(0.071711, abs=1e-6)
+    # Welch on the same numbers ignores the pairing: the shared seed spread stays in, the interval widens.
+    assert welch_diff_ci([.50, .60, .70], [.40, .55, .60])[1] > 2 * half
+    # Only seeds both rows completed are paired (seed 3 of a has no partner, seed 2 of b is missing).
+    assert paired_diff_ci({0: .5, 1: .6, 3: .9}, {0: .4, 1: .5, 2: .1})[::2] == (pytest.approx(0.1), 2)
+    assert math.isnan(paired_diff_ci({0: .5}, {0: .4})[1]) and paired_diff_ci({0: .5}, {1: .4})[2] == 0
 
 
 def test_welch_diff_ci_by_hand():

@@ -23,7 +23,7 @@ from grpo_lab.tables.spec import TableSpecError, load_spec
 TABLES = sorted(p.stem for p in (REPO / "conf" / "table").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.yaml"))   # paper-scale GPU recipes
 # Jobs per table at lab scale (conditions x 3 seeds), as documented in each yaml.
-EXPECTED_JOBS = {"group_size": 12, "dapo": 18, "algorithms": 21, "std_norm": 9, "clip": 18, "kl": 15}
+EXPECTED_JOBS = {"group_size": 12, "dapo": 18, "algorithms": 21, "std_norm": 9, "clip": 18, "kl": 15, "async": 6}
 
 
 def test_the_issue_tables_exist():
@@ -236,7 +236,9 @@ def test_findings_report_differences_with_confidence_intervals(tmp_path):
     md = result["md"].read_text()
     assert result["findings"]["best"] == "b" and result["findings"]["baseline"] == "a"
     # b: +10 pp over a with a CI that excludes 0; c: CIs overlap; the paper column sits next to ours.
-    assert "| b | 50 | 71.0 ± 2.5 (n=3) | +10.0 ± " in md
+    # Δ is paired by seed: b − a = .10, .09, .11 -> +10.0 ± t_{.975,2}·0.01/√3 = ± 2.5 pp.
+    assert "| b | 50 | 71.0 ± 2.5 (n=3) | +10.0 ± 2.5 |" in md
+    assert "paired by seed" in md and "widest Δ half-width in this table:" in md
     assert "(CI excludes 0)" in md and "The paper's best row is **b**; our best agrees." in md
     assert "| c | – | 60.7 ± " in md and "| yes |" in md
     assert "| c | 3 ok / 1 failed |" in md and "RuntimeError: boom" in md and "job `dead`" in md

@@ -158,6 +158,20 @@ def welch_diff_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.
     return ma - mb, t_ppf(0.5 + confidence / 2.0, df) * se
 
 
+def paired_diff_ci(a: dict, b: dict, confidence: float = 0.95) -> tuple[float, float, int]:
+    """Mean paired difference over the keys (seeds) both sides have, its Student-t half-width, and
+    the number of pairs: d_s = a[s] − b[s], half = t_{(1+confidence)/2, n−1} · sd(d) / √n.
+
+    Runs of one seed share their warm-up checkpoint and prompt order across a table's rows, so the
+    seed-to-seed spread they share cancels in d_s: the interval is usually much narrower than
+    Welch's on the same numbers. Half-width nan with fewer than 2 pairs; (nan, nan, 0) with none.
+    """
+    seeds = [k for k in a if k in b and a[k] is not None and b[k] is not None]
+    diffs = [float(a[k]) - float(b[k]) for k in seeds]
+    mean, half, n = mean_ci(diffs, confidence)
+    return mean, half, n
+
+
 def first_reach(xs: Sequence[float], ys: Sequence[float | None], target: float) -> float | None:
     """First x (e.g. samples or steps) at which y >= target, or None if it never gets there.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, welch_diff_ci
+from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, paired_diff_ci, welch_diff_ci
 from grpo_lab.report.table import ACC, final_value
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import VARIANT_GROUP, TableSpec, override_key
@@ -24,13 +24,26 @@ def group_variant(group) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
+def difference(row: dict, base: dict) -> tuple[float, float, str]:
+    """(Δ = row − base, 95% half-width, how): paired over the seeds both rows completed when there are
+    at least 2 (same seed = same warm-up checkpoint and prompt order, so the shared seed-to-seed spread
+    cancels), else Welch's unpaired interval."""
+    d, half, n = paired_diff_ci(row["by_seed"], base["by_seed"])
+    if n >= 2:
+        return d, half, "paired"
+    d, half = welch_diff_ci(row["accs"], base["accs"])
+    return d, half, "Welch"
+
+
 def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
     """Markdown "what we found" computed from the groups, and the numbers behind it."""
     rows = []
     for g in groups:
-        accs = [v for v in (final_value(r, ACC) for r in g.runs_for_stats()) if v is not None]
+        by_seed = {r.seed: v for r in g.runs_for_stats() if (v := final_value(r, ACC)) is not None}
+        accs = list(by_seed.values())
         mean, half, n = mean_ci(accs)
-        rows.append({"group": g, "label": g.label, "accs": accs, "mean": mean, "half": half, "n": n})
+        rows.append({"group": g, "label": g.label, "accs": accs, "by_seed": by_seed, "mean": mean, "half": half,
+                     "n": n})
     scored = [r for r in rows if r["n"] > 0]
     if not scored:
         return ("**What we found:** no run completed, so there is nothing to compare (see the failed runs "
@@ -50,8 +63,13 @@ def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]
     base = next((r for r in scored if is_base(r)), scored[0])
     best = max(scored, key=lambda r: r["mean"])
     multi = all(r["n"] >= 2 for r in scored)
+    diffs = {id(r): difference(r, base) for r in scored if r is not base}
+    halves = [dh for _, dh, _ in diffs.values() if not math.isnan(dh)]
+    how = sorted({k for _, _, k in diffs.values()})
     lines = ["**What we found** (computed from the runs below: final greedy held-out accuracy, mean ± 95% CI "
-             "over completed seeds; Δ = difference to the baseline row with its Welch 95% CI):", ""]
+             "over completed seeds; Δ = difference to the baseline row, "
+             + ("paired by seed" if how == ["paired"] else "/".join(how) or "none") + ", with its 95% CI"
+             + (f"; widest Δ half-width in this table: **{100 * max(halves):.1f} pp**" if halves else "") + "):", ""]
     with_paper = bool(paper)
     head = "| Row |" + ((" Paper" + (f" ({spec.paper_metric})" if spec.paper_metric else "") + " |") if with_paper
                        else "") + " Ours: final acc. (%) | Δ vs baseline (pp) | CI overlaps baseline |"
@@ -66,7 +84,7 @@ def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]
         if r is base:
             lines.append(f"| {name} (baseline) |{p} {ours} | 0 | – |")
             continue
-        d, dh = welch_diff_ci(r["accs"], base["accs"])
+        d, dh, _ = diffs[id(r)]
         overlap = "n/a (one seed)" if math.isnan(r["half"]) or math.isnan(base["half"]) else (
             "yes" if abs(r["mean"] - base["mean"]) <= r["half"] + base["half"] else "no")
         dtxt = f"{100 * d:+.1f}" + ("" if math.isnan(dh) else f" ± {100 * dh:.1f}")
@@ -79,7 +97,7 @@ def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]
     if len(tied) > 1:
         summary = f"Best mean final accuracy: a tie at {_pct(best['mean'])}% between {', '.join(tied)}."
     elif best is not base:
-        d, dh = welch_diff_ci(best["accs"], base["accs"])
+        d, dh, _ = diffs[id(best)]
         if math.isnan(dh):
             summary += (f", {100 * d:+.1f} pp over the baseline {base_name}; with one seed per row there is no "
                         "confidence interval, so this ordering is not evidence of a difference.")
@@ -103,7 +121,7 @@ def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]
     if spec.cumulative and multi:
         steps = []
         for prev, cur in zip(scored, scored[1:]):
-            d, dh = welch_diff_ci(cur["accs"], prev["accs"])
+            d, dh, _ = difference(cur, prev)
             steps.append(f"{group_variant(prev['group'])} → {group_variant(cur['group'])} "
                          f"{100 * d:+.1f} ± {100 * dh:.1f}")
         summary += " Step-by-step change along the ladder (pp vs the previous rung): " + "; ".join(steps) + "."
@@ -111,7 +129,10 @@ def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]
         summary += " (Some rows have a single completed seed: read differences as anecdotes.)"
     lines.append(summary)
     return "\n".join(lines), {"best": best_name, "baseline": base_name,
-                              "rows": {group_variant(r["group"]) or r["label"]: r["mean"] for r in scored}}
+                              "rows": {group_variant(r["group"]) or r["label"]: r["mean"] for r in scored},
+                              "diff_vs_baseline": {group_variant(r["group"]) or r["label"]: diffs[id(r)][:2]
+                                                   for r in scored if r is not base},
+                              "max_diff_half_width": max(halves) if halves else None}
 
 
 def legend(plan: Plan) -> str:
