@@ -11,6 +11,7 @@ change.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -271,6 +272,11 @@ class RolloutConfig:
     sync_bucket_mb: float = 256.0
     # vLLM weight push: send only tensors whose storage/version changed since the last push (whole fused layers).
     sync_changed_only: bool = True
+    # vLLM: devices one engine's weights are split over (tensor parallelism; CPU: core groups).
+    tensor_parallel_size: int = 1
+    # Engine replicas, each with tensor_parallel_size devices of its own; a step's prompts are split
+    # among them and new weights go to all (grpo_lab/rollout/data_parallel.py).
+    data_parallel_size: int = 1
 
 
 @dataclass
@@ -534,6 +540,17 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     _check(0.0 < r.gpu_memory_utilization <= 1.0,
            f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "
            "is the fraction of RAM for the KV cache (0.1 works on a 24 GiB machine)", errors)
+    tp, dp = r.get("tensor_parallel_size", 1), r.get("data_parallel_size", 1)
+    _check(tp >= 1 and dp >= 1, f"rollout.tensor_parallel_size={tp} and rollout.data_parallel_size={dp} must be "
+           ">= 1", errors)
+    if (tp > 1 or dp > 1) and r.engine in ROLLOUT_ENGINES:
+        _check(ROLLOUT_ENGINES.fact(r.engine, "parallel"), f"rollout={r.engine} runs one engine inside the trainer "
+               "process: set rollout.tensor_parallel_size=1 and rollout.data_parallel_size=1, or use rollout=vllm",
+               errors)
+        on_cuda = ln.device == "cuda" or (ln.device == "auto" and torch.cuda.is_available())
+        have = (torch.cuda.device_count() if on_cuda else os.cpu_count() or 1) if machine else tp * dp
+        _check(tp * dp <= have, f"rollout.tensor_parallel_size={tp} × rollout.data_parallel_size={dp} = {tp * dp} "
+               f"{'GPUs' if on_cuda else 'CPU cores'} but this machine has {have}: lower them", errors)
     _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
     _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
     _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)

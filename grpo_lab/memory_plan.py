@@ -415,8 +415,10 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
         if kind == "cuda":
             add(f"rollout engine ({r.engine})", r.gpu_memory_utilization * (mem or 0),
                 f"gpu_memory_utilization {r.gpu_memory_utilization} × device memory (weights + KV cache)")
-        else:
-            add(f"rollout engine ({r.engine})", r.gpu_memory_utilization * (mem or 0) + eng * P,
+        else:   # every replica (rollout.data_parallel_size) reserves its own share of the one RAM
+            dp = int(r.get("data_parallel_size", 1))
+            add(f"rollout engine ({r.engine})", dp * (r.gpu_memory_utilization * (mem or 0) + eng * P),
+                f"{dp} × ({r.gpu_memory_utilization} × RAM (KV cache) + {eng}·P weights)" if dp > 1 else
                 f"{r.gpu_memory_utilization} × RAM (KV cache) + {eng}·P weights")
     else:
         group = max([r.group_size, *(r.group_size_schedule or {}).values()])

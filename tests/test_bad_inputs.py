@@ -85,6 +85,9 @@ CATALOGUE = [
     (['reward.max_error_frac=2'], 'reward.max_error_frac'),
     (['task.source=local_dataset'], 'task.source'),
     (['rollout.generate_timeout_s=-1'], 'rollout.generate_timeout_s'),
+    (['rollout.tensor_parallel_size=0'], 'rollout.tensor_parallel_size'),
+    (['rollout=hf', 'rollout.data_parallel_size=2'], 'rollout.data_parallel_size'),
+    (['rollout.tensor_parallel_size=64', 'rollout.data_parallel_size=2'], 'rollout.tensor_parallel_size'),
 ]
 
 

@@ -10,23 +10,35 @@ from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError, Rollout
 
 # Facts: `requires_module` (a module that must be importable, checked before anything loads; None =
 # none), `own_process` (the engine computes in processes of its own, beside the learner's threads) and
-# `reserves_memory_fraction` (it reserves rollout.gpu_memory_utilization of the device, for the memory plan).
+# `reserves_memory_fraction` (it reserves rollout.gpu_memory_utilization of the device, for the memory plan),
+# `parallel` (rollout.tensor_parallel_size / data_parallel_size > 1 are possible).
 ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None, "own_process": False,
-                                                       "reserves_memory_fraction": False})
+                                                       "reserves_memory_fraction": False, "parallel": False})
 
 
-@ROLLOUT_ENGINES.register("vllm", requires_module="vllm", own_process=True, reserves_memory_fraction=True)
+@ROLLOUT_ENGINES.register("vllm", requires_module="vllm", own_process=True, reserves_memory_fraction=True,
+                          parallel=True)
 def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
     from grpo_lab.rollout.vllm_engine import VLLMEngine  # imports vllm only when chosen
-    return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
-                      max_model_len=rollout_cfg.max_model_len, enforce_eager=rollout_cfg.enforce_eager,
-                      dtype=rollout_cfg.dtype, seed=seed,
-                      generate_timeout_s=getattr(rollout_cfg, "generate_timeout_s", None),
-                      sync_timeout_s=getattr(rollout_cfg, "sync_timeout_s", None),
-                      sync_transport=getattr(rollout_cfg, "sync_transport", "auto"),
-                      sync_bucket_mb=getattr(rollout_cfg, "sync_bucket_mb", 256),
-                      sync_changed_only=getattr(rollout_cfg, "sync_changed_only", True),
-                      learner_device=str(device).split(":")[0])
+
+    tp, dp = int(getattr(rollout_cfg, "tensor_parallel_size", 1)), int(getattr(rollout_cfg, "data_parallel_size", 1))
+
+    def replica(k: int = 0) -> RolloutEngine:
+        return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+                          max_model_len=rollout_cfg.max_model_len, enforce_eager=rollout_cfg.enforce_eager,
+                          dtype=rollout_cfg.dtype, seed=seed, tensor_parallel_size=tp,
+                          generate_timeout_s=getattr(rollout_cfg, "generate_timeout_s", None),
+                          sync_timeout_s=getattr(rollout_cfg, "sync_timeout_s", None),
+                          sync_transport=getattr(rollout_cfg, "sync_transport", "auto"),
+                          sync_bucket_mb=getattr(rollout_cfg, "sync_bucket_mb", 256),
+                          sync_changed_only=getattr(rollout_cfg, "sync_changed_only", True),
+                          learner_device=str(device).split(":")[0], placement=(k, dp))
+
+    if dp == 1:
+        return replica()
+    from grpo_lab.rollout.data_parallel import DataParallelEngine
+
+    return DataParallelEngine(replica, dp)
 
 
 @ROLLOUT_ENGINES.register("hf")

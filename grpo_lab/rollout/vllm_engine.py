@@ -45,6 +45,7 @@ from typing import Iterable
 import torch
 
 from grpo_lab.rollout import lifeline, weight_sync
+from grpo_lab.rollout.data_parallel import environment, placement_env
 from grpo_lab.rollout.base import Rollout
 from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError, RolloutEngineError
 
@@ -71,7 +72,9 @@ class VLLMEngine:
                  enforce_eager: bool, dtype: str, seed: int, generate_timeout_s: float | None = None,
                  sync_timeout_s: float | None = None, start_timeout_s: float | None = None,
                  sync_transport: str = "auto", sync_bucket_mb: float = 256, sync_changed_only: bool = True,
-                 learner_device: str = "cpu"):
+                 learner_device: str = "cpu", tensor_parallel_size: int = 1, placement: tuple[int, int] = (0, 1)):
+        """placement = (replica, replicas): this engine's share of the machine's devices or cores when
+        several engines run side by side (rollout.data_parallel_size; data_parallel.placement_env)."""
         # apply_model ships a pickled function (and the weights) to the engine process.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         # Layerwise reload warns on every push about modules without weights (rotary, tied lm_head).
@@ -91,14 +94,22 @@ class VLLMEngine:
                         "parent-death signal and may outlive a killed trainer")
         me = psutil.Process()
         before = {p.pid for p in me.children(recursive=True)}
-        self.llm = LLM(
-            model=str(model_dir), dtype=dtype, enforce_eager=enforce_eager, seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            # Logprobs of the distribution actually sampled from (after temperature), which is what
-            # the learner computes as π_old; the default "raw_logprobs" ignores temperature.
-            logprobs_mode="processed_logprobs",
-            **chunked_prefill_settings(max_model_len, is_cpu=current_platform.is_cpu()),
-        )
+        replica, replicas = placement
+        env = {}
+        if replicas > 1 or tensor_parallel_size > 1:
+            # Replicas and tensor-parallel ranks on hardware of their own (inherited when vLLM spawns them).
+            env = placement_env(replica, replicas, per_replica_devices=tensor_parallel_size,
+                                on_cuda=not current_platform.is_cpu(), cpu_cores=sorted(os.sched_getaffinity(0)))
+        with environment(env):
+            self.llm = LLM(
+                model=str(model_dir), dtype=dtype, enforce_eager=enforce_eager, seed=seed,
+                gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                tensor_parallel_size=tensor_parallel_size,
+                # Logprobs of the distribution actually sampled from (after temperature), which is what
+                # the learner computes as π_old; the default "raw_logprobs" ignores temperature.
+                logprobs_mode="processed_logprobs",
+                **chunked_prefill_settings(max_model_len, is_cpu=current_platform.is_cpu()),
+            )
         # The engine's processes: everything started under us while the LLM was built, except the
         # multiprocessing resource tracker (shared by the whole trainer; it exits on its own).
         self.processes = [p for p in me.children(recursive=True) if p.pid not in before

@@ -1,0 +1,105 @@
+"""More than one engine (rollout.data_parallel_size): prompts sharded over replicas, results back in
+prompt order with the single engine's groups and seeds, weights pushed to every replica; and the
+placement that keeps replicas off each other's devices / cores."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from grpo_lab.models import MODEL_BUILDERS
+from grpo_lab.rollout.data_parallel import DataParallelEngine, placement_env, shard_bounds
+from grpo_lab.rollout.hf_engine import HFEngine
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return MODEL_BUILDERS.get("tiny_llama")(tmp_path_factory.mktemp("m") / "model", alphabet="0123456789+-=", seed=0)
+
+
+def prompts(n=7):
+    g = torch.Generator().manual_seed(0)
+    return [[1] + torch.randint(3, 13, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def test_shards_are_contiguous_balanced_and_cover_everything():
+    assert shard_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert shard_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    assert shard_bounds(0, 2) == [(0, 0), (0, 0)]
+
+
+def test_placement_gives_each_replica_its_own_cores_and_ranks():
+    cores = [0, 1, 2, 3, 4, 5, 6, 7]
+    assert [placement_env(k, 2, per_replica_devices=1, on_cuda=False, cpu_cores=cores) for k in (0, 1)] == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0,1,2,3"}, {"VLLM_CPU_OMP_THREADS_BIND": "4,5,6,7"}]
+    # Tensor parallel inside a replica: one core list per rank, '|'-separated (vLLM's CPU format).
+    assert placement_env(1, 2, per_replica_devices=2, on_cuda=False, cpu_cores=cores) == {
+        "VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7"}
+    assert placement_env(0, 2, per_replica_devices=1, on_cuda=False, cpu_cores=[0, 1]) == {
+        "VLLM_CPU_OMP_THREADS_BIND": "0"}
+
+
+def test_placement_on_gpus_counts_within_the_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5,7")
+    assert placement_env(1, 2, per_replica_devices=2, on_cuda=True, cpu_cores=[0]) == {"CUDA_VISIBLE_DEVICES": "5,7"}
+
+
+def test_replicas_return_what_one_engine_returns_and_all_take_new_weights(model_dir):
+    """Greedy HF engines (real engines in this process): same rows, order and groups as one engine,
+    before and after a weight push that changes what they write."""
+    one = HFEngine.from_dir(model_dir)
+    dp = DataParallelEngine(lambda k: HFEngine.from_dir(model_dir), 3)
+    args = dict(n=2, temperature=0.0, top_p=1.0, max_new_tokens=5, seed=3)
+    for push in (False, True):
+        if push:
+            g = torch.Generator().manual_seed(1)
+            new = [(k, v.detach() + 0.5 * torch.randn(v.shape, generator=g)) for k, v in one.model.named_parameters()]
+            one.load_weights(new)
+            dp.load_weights(iter(new))                                   # an iterator is read once, sent to all
+        a, b = one.generate(prompts(), **args), dp.generate(prompts(), **args)
+        assert b.group_ids == a.group_ids == [i for i in range(7) for _ in range(2)]
+        assert b.completion_ids == a.completion_ids and b.prompt_ids == a.prompt_ids
+        for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
+            torch.testing.assert_close(torch.tensor(y), torch.tensor(x), rtol=0, atol=1e-5)
+        if push:
+            assert a.completion_ids != before
+        before = a.completion_ids
+    dp.close()
+
+
+def test_a_failing_replica_fails_the_call_after_all_have_ended(model_dir):
+    engines = [HFEngine.from_dir(model_dir) for _ in range(2)]
+    dp = DataParallelEngine(lambda k: engines[k], 2)
+    engines[1].close()                 # replica 1 can no longer generate (its model is gone)
+    with pytest.raises(AttributeError):
+        dp.generate([[1, 4], [1, 5]], n=1, temperature=0.0, top_p=1.0, max_new_tokens=2, seed=0)
+    assert engines[0].model is not None  # the healthy replica ran its shard and is untouched
+    dp.close()
+
+
+@pytest.mark.slow
+def test_two_vllm_replicas_sample_exactly_what_one_engine_samples(model_dir):
+    """The real thing on this machine's two cores: vLLM data_parallel_size=2 (one core each) vs one
+    engine, sampled at temperature 1 with per-prompt seeds, then after the same weight push."""
+    from grpo_lab.rollout import make_engine
+
+    rollout = OmegaConf.create({"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
+                                "enforce_eager": True, "dtype": "float32", "data_parallel_size": 1})
+    args = dict(n=4, temperature=1.0, top_p=1.0, max_new_tokens=6, seed=11)
+    results = []
+    g = torch.Generator().manual_seed(2)
+    ref = dict(HFEngine.from_dir(model_dir).model.named_parameters())
+    new = [(k, v.detach() + 0.3 * torch.randn(v.shape, generator=g)) for k, v in ref.items()]
+    for size in (1, 2):
+        rollout.data_parallel_size = size
+        engine = make_engine(model_dir, rollout, seed=0)
+        try:
+            assert isinstance(engine, DataParallelEngine) == (size == 2)
+            first = engine.generate(prompts(), **args)
+            engine.load_weights(new)
+            results.append((first, engine.generate(prompts(), **args)))
+        finally:
+            engine.close()
+    for a, b in zip(*results):
+        assert a.completion_ids == b.completion_ids and a.group_ids == b.group_ids
+    assert results[0][0].completion_ids != results[0][1].completion_ids   # the push changed the samples
