@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,6 +81,38 @@ def test_unknown_generator_error():
 def test_compact_undefined_error():
     with pytest.raises(ValueError, match="'compact' is not defined for generator 'gsm_symbolic'"):
         rg(name="gsm_symbolic", prompt_format="compact")
+
+
+def test_running_sums_by_hand():
+    from grpo_lab.tasks.reasoning_gym_source import running_sums
+
+    assert running_sums("12 + 34 - 5") == "46,41"
+    assert running_sums("3 - -8 + -1") == "11,10"     # negative terms (allow_negation)
+    assert running_sums("15 - 43") == "-28"            # two terms: chain_sum's own answer
+
+
+def test_partial_sums_long_answers_scored_by_exact_match():
+    from omegaconf import OmegaConf
+
+    from grpo_lab.rewards import is_correct
+    from grpo_lab.tasks import build_task
+
+    cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "task" / "partial_sums.yaml")
+    cfg.train_size, cfg.dev_size, cfg.test_size = 300, 20, 300
+    t = build_task(cfg)
+    item = t.splits["test"][0]
+    assert item.answer.split(",")[-1] == str(eval(item.prompt.rstrip("=")))   # last total = the sum
+    assert len(item.answer.split(",")) == item.prompt.count("+") + item.prompt.count("-")
+    lengths = {len(it.answer) for it in t.splits["test"]}
+    assert min(lengths) <= 5 and max(lengths) >= 14          # variable length, up to the 16-token budget
+    assert "rg_entry" not in item.fields                      # not chain_sum's scorer (final sum only)
+    assert is_correct(item.answer, item) and not is_correct(item.answer.split(",")[-1], item)
+    assert "," in t.alphabet()
+
+
+def test_partial_sums_is_defined_only_for_chain_sum():
+    with pytest.raises(ValueError, match="'partial_sums' is defined only for chain_sum"):
+        rg(name="basic_arithmetic", prompt_format="partial_sums", train_size=5, dev_size=1, test_size=1)
 
 
 def test_bad_dataset_kwargs_error():

@@ -12,6 +12,13 @@ Prompt formats:
   ``compact``: a short form for tiny character-level models; defined for generators whose
       entries carry ``metadata["expression"]`` (chain_sum, basic_arithmetic): the expression with
       its spaces removed followed by ``=``, e.g. ``15-43=`` (answer ``-28``).
+  ``partial_sums`` (chain_sum): the compact prompt, answered with the running total after each
+      term, e.g. ``12+34-5=`` -> ``46,41``. A long answer whose length grows with the number of
+      terms (set ``min_terms`` < ``max_terms``), so a completion budget can bind and wrong answers
+      can differ in length from right ones: the task family where DAPO's overlong shaping,
+      token-level loss and Dr.GRPO's length bias have something to act on (issue 11). Scored by
+      exact match of the whole list (the item carries no reasoning-gym entry, whose scorer would
+      read only the final sum).
 
 The calibration task of shared/ENVIRONMENT.md is
 ``name=chain_sum, dataset_kwargs={min_terms: 2, max_terms: 2, min_digits: 2, max_digits: 2},
@@ -34,12 +41,27 @@ def _expression_compact(entry: dict[str, Any]) -> str:
     return entry["metadata"]["expression"].replace(" ", "") + "="
 
 
+def running_sums(expression: str) -> str:
+    """A chain_sum expression's running totals after each added term, comma-separated:
+    "12 + 34 - 5" -> "46,41" (terms may be negative: "3 - -8" -> "11")."""
+    tokens = expression.split()
+    total, sums = int(tokens[0]), []
+    for op, term in zip(tokens[1::2], tokens[2::2]):
+        total = total + int(term) if op == "+" else total - int(term)
+        sums.append(str(total))
+    return ",".join(sums)
+
+
 # generator name -> entry -> compact prompt
 COMPACT_FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
     "chain_sum": _expression_compact,
     "basic_arithmetic": _expression_compact,
 }
-PROMPT_FORMATS = ("question", "compact")
+# prompt format -> generator name -> entry -> (prompt, answer): forms that also rewrite the answer.
+REWRITTEN_FORMATS: dict[str, dict[str, Callable[[dict[str, Any]], tuple[str, str]]]] = {
+    "partial_sums": {"chain_sum": lambda e: (_expression_compact(e), running_sums(e["metadata"]["expression"]))},
+}
+PROMPT_FORMATS = ("question", "compact", *REWRITTEN_FORMATS)
 
 
 def _plain(x: Any) -> Any:
@@ -139,6 +161,9 @@ def check_reasoning_gym(t: Any, errors: list[str]) -> None:
     elif t.prompt_format == "compact" and t.name not in COMPACT_FORMATS:
         errors.append(f"task.prompt_format=compact is not defined for task.name={t.name!r} (only for "
                       f"{', '.join(sorted(COMPACT_FORMATS))}): set task.prompt_format=question")
+    elif t.prompt_format in REWRITTEN_FORMATS and t.name not in REWRITTEN_FORMATS[t.prompt_format]:
+        errors.append(f"task.prompt_format={t.prompt_format} is not defined for task.name={t.name!r} (only for "
+                      f"{', '.join(sorted(REWRITTEN_FORMATS[t.prompt_format]))}): set task.prompt_format=question")
     kwargs = dict(t.dataset_kwargs or {})
     clash = sorted({"size", "seed"} & set(kwargs))
     if clash:
@@ -190,6 +215,10 @@ def reasoning_gym_task(
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"unknown prompt_format {prompt_format!r}; valid choices: {', '.join(PROMPT_FORMATS)}")
     check_dataset_kwargs(name, kw)  # before any item is generated
+    rewrite = REWRITTEN_FORMATS.get(prompt_format, {})
+    if prompt_format in REWRITTEN_FORMATS and name not in rewrite:
+        raise ValueError(f"prompt_format {prompt_format!r} is defined only for {', '.join(sorted(rewrite))}; "
+                         "use prompt_format=question")
     if prompt_format == "compact" and name not in COMPACT_FORMATS:
         raise ValueError(
             f"prompt_format 'compact' is not defined for generator {name!r}; it is defined for "
@@ -218,17 +247,16 @@ def reasoning_gym_task(
             if fmt is None:  # decided once, from the first entry
                 fmt = "hash" if (worked and prompt_format == "question") else "plain"
             check_answer_format(fmt)
-            raw = COMPACT_FORMATS[name](entry) if prompt_format == "compact" else entry["question"]
-            answer = str(entry["answer"])
+            fields = {"answer_format": fmt, "rg_dataset": name, "rg_config": kw, "rg_entry": entry}
+            if name in rewrite:   # the answer is ours, not the generator's: exact match, no rg scorer
+                raw, answer = rewrite[name](entry)
+                fields = {"answer_format": fmt}
+            else:
+                raw = COMPACT_FORMATS[name](entry) if prompt_format == "compact" else entry["question"]
+                answer = str(entry["answer"])
             solution = format_solution(answer, fmt, worked if fmt != "plain" else None)
-            items.append(
-                TaskItem(
-                    prompt=prompt_template.replace("{prompt}", raw),
-                    answer=answer,
-                    solution=solution,
-                    fields={"answer_format": fmt, "rg_dataset": name, "rg_config": kw, "rg_entry": entry},
-                )
-            )
+            items.append(TaskItem(prompt=prompt_template.replace("{prompt}", raw), answer=answer, solution=solution,
+                                  fields=fields))
         splits[split] = items
 
     overlap = remove_train_overlap(splits, name)
