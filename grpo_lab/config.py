@@ -366,6 +366,10 @@ class TrainerConfig:
     eval_every: int = 50
     # Held-out prompts used for evaluation ("test" split).
     eval_split: str = "test"
+    # Also score k samples per held-out item at rollout.temperature and log their mean accuracy as
+    # eval/sampled_accuracy (mean@k; DAPO reports avg@32): what the policy does when it samples, which
+    # greedy accuracy hides when RL only sharpens the distribution. 0 = greedy only.
+    eval_sampled_k: int = 0
     # Save the final policy under <run_dir>/checkpoints/final.
     save_checkpoint: bool = True
     # Write a resumable checkpoint (policy, optimizer, RNGs, prompt stream, counters...) every N steps; 0 = off.
@@ -618,6 +622,8 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
                f"{batch} samples (prompts_per_step × group_size); raise trainer.total_samples or set it to null", errors)
     _check(t.eval_every >= 0, f"trainer.eval_every={t.eval_every} must be >= 0 (0 = only before and after)", errors)
     _check(t.eval_split in ("dev", "test"), f"trainer.eval_split={t.eval_split!r}; valid choices: dev, test", errors)
+    _check(t.get("eval_sampled_k", 0) >= 0, f"trainer.eval_sampled_k={t.get('eval_sampled_k')} must be >= 0 "
+           "(samples per held-out item for mean@k; 0 = greedy only)", errors)
     _check(t.checkpoint_every >= 0, f"trainer.checkpoint_every={t.checkpoint_every} must be >= 0 (0 = only the "
            "final policy)", errors)
     _check(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints={t.keep_checkpoints} must be >= 1", errors)

@@ -96,11 +96,18 @@ def schedule_done(cfg: DictConfig, step: int, samples: int) -> bool:
 
 def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, recorder: RunRecorder, *,
                              step: int) -> dict:
-    """Greedy held-out evaluation; its first trainer.samples_per_log completions go to samples.jsonl."""
+    """Greedy held-out evaluation (its first trainer.samples_per_log completions go to samples.jsonl), and
+    with trainer.eval_sampled_k > 0 the mean accuracy of k samples per item at the rollout temperature."""
     rows: list[dict] = []
     metrics = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens, samples=rows,
                        max_samples=cfg.trainer.samples_per_log)
     recorder.log_samples(rows, step=step, kind="eval")
+    k = cfg.trainer.get("eval_sampled_k", 0)
+    if k:
+        # Seeded by run seed and step: rows of a table that share a seed share the random numbers too.
+        sampled = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens,
+                           temperature=cfg.rollout.temperature, n=k, seed=cfg.seed * 1_000_003 + step)
+        metrics["eval/sampled_accuracy"] = sampled["eval/accuracy"]
     return metrics
 
 

@@ -164,6 +164,8 @@ COLUMNS: dict[str, Column] = {
     for c in [
         Column("final_acc", "Final acc. (%)", lambda r, c: final_value(r, ACC), "pct"),
         Column("best_acc", "Best acc. (%)", lambda r, c: _max_of(r, ACC), "pct"),
+        # mean@k at the rollout temperature (trainer.eval_sampled_k > 0); "–" where it was not measured
+        Column("final_sampled_acc", "Final mean@k (%)", lambda r, c: final_value(r, "eval/sampled_accuracy"), "pct"),
         Column("gain", "Gain (pp)", lambda r, c: _gain(r), "pp"),
         Column("samples_to_target", "Samples to {target}", _reach("samples"), "count", "samples"),
         Column("steps_to_target", "Steps to {target}", _reach("step"), "count", "step"),
