@@ -15,8 +15,10 @@ from grpo_lab.tasks import TaskItem
 ITEM = TaskItem(prompt="State the final answer to the following arithmetic problem: 15 - 43 =", answer="-28",
                 solution="-28", fields={"answer_format": "boxed_or_last"})
 RIGHT = ["The answer is -28.", "15 - 43 = -28", "\\boxed{-28}", "**-28**", "-28.", "-28",
-         "15 - 43 = -28. So the answer is **-28**.", "The final answer is $\\boxed{-28}$.", "Answer: -28"]
-WRONG = ["280", "The answer is 28.", "-280", "15 - 43", "The answer is -27. Not -28 as I first thought? no: -27", ""]
+         "15 - 43 = -28. So the answer is **-28**.", "The final answer is $\\boxed{-28}$.", "Answer: -28",
+         "15 - 43 = -28, which is the difference between 15 and 43."]
+WRONG = ["280", "The answer is 28.", "-280", "15 - 43", "The answer is -27. Not -28 as I first thought? no: -27", "",
+         "15 - 43 = 1, not -28"]
 
 
 @pytest.mark.parametrize("reward", ["correctness_binary", "math_verify"])
@@ -30,6 +32,10 @@ def test_extraction_rules_by_hand():
     assert e("15-43=-28") == "-28"            # '-' after a digit is subtraction, '=' then a signed number
     assert e("The answer is -28 because 43 > 15.") == "-28"   # first number after the LAST "answer is"
     assert e("So there are 1,000 apples.") == "1000"          # thousands separator dropped
+    # The last equation's result, not a number in the explanation after it (SmolLM2-135M's habit):
+    assert e("4 + 1 = 5, which is the sum of 4 and 1.") == "5"
+    assert e("a = 2, b = 3, so 2 + 3 = 5 apples in 2 bags") == "5"
+    assert e("The answer is 7, since 3 + 4 = 7 and not 8") == "7"   # an explicit marker still wins
     assert e("\\boxed{\\frac{1}{2}} and more text 7") == "\\frac{1}{2}"  # a box beats a later number
     assert e("Answer: cat.") == "cat" and e("cat") == "cat"   # non-numeric answers still read
     assert extract_answer("x \\boxed{4", "boxed") is None     # unclosed box: no answer

@@ -19,13 +19,16 @@ last                                               applies: the last ``\\boxed{}
                                                    last ``####``; else the last ``<answer>``
                                                    element; else the first number after the last
                                                    "answer is" / "answer:" (the rest of that line if
-                                                   it holds no number); else the LAST number of the
-                                                   completion; else the whole completion (so a bare
-                                                   non-numeric answer still reads as itself)
+                                                   it holds no number); else the first number after
+                                                   the last ``=`` (the result of the last equation
+                                                   written); else the LAST number of the completion;
+                                                   else the whole completion (so a bare non-numeric
+                                                   answer still reads as itself)
 =========  =====================================  ==============================================
 
 ``boxed_or_last`` reads "The answer is -28.", "15 - 43 = -28", "\\boxed{-28}", "**-28**" and "-28."
-all as ``-28`` (markdown ``*``/``$``, a trailing full stop and thousands separators are
+all as ``-28``, and "4 + 1 = 5, which is the sum of 4 and 1." as ``5`` (SmolLM2-135M-Instruct writes
+such trailing explanations; the last number alone would read them as ``1``) (markdown ``*``/``$``, a trailing full stop and thousands separators are
 dropped), and "280" as ``280``. It is the answer format chosen for question-form prompts when the
 model answers through a chat template (grpo_lab.prompts.adapt_answer_format).
 
@@ -122,8 +125,11 @@ def extract_answer(completion: str, fmt: str = "plain") -> str | None:
         ans = _clean(boxed) if boxed is not None else ""
     else:  # boxed_or_last
         marked = _marked(completion)
+        after_equals = _NUMBER.search(completion.rsplit("=", 1)[1]) if "=" in completion else None
         if marked is not None:
             ans = _clean(marked)
+        elif after_equals is not None:
+            ans = _clean(after_equals.group(0))
         else:
             numbers = _NUMBER.findall(completion)
             ans = _clean(numbers[-1]) if numbers else _clean(completion)
