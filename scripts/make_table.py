@@ -33,6 +33,7 @@ from pathlib import Path
 from grpo_lab.tables import TableSpecError, load_spec, make_plan, preflight
 from grpo_lab.tables.findings import build
 from grpo_lab.tables.launch import archive_previous, machine_description, run_table
+from grpo_lab.tables import readme as readme_tables
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("md", "csv", "png"):
         print(f"wrote {result[k]}", file=sys.stderr)
     print(f"[make_table] {spec.name}: {wall_s / 60:.1f} min, multirun exit status {rc}", file=sys.stderr)
+    if not plan.smoke and Path(result["md"]).resolve().parent == readme_tables.REPO / "tables":
+        readme_tables.main([])   # the README's list of tables says what the committed tables say
     # The table was built; a failed job is reported in it, not by failing the make target. A multirun
     # that produced no completed run at all is still an error.
     n_ok = sum(g.n_ok for g in result["groups"])

@@ -300,3 +300,27 @@ def test_rows_grouped_by_config_keys_keep_their_variant_names(tmp_path):
     assert result["keys"] == ["rollout.temperature"]
     assert result["findings"]["baseline"] == "b" and result["findings"]["best"] == "a"
     assert "| b (baseline) |" in result["md"].read_text()
+
+
+def test_the_readme_lists_exactly_what_the_committed_tables_say():
+    """README.md's table list is generated (grpo_lab.tables.readme): it must match tables/ as committed."""
+    from grpo_lab.tables import readme
+
+    assert readme.main(["--check"]) == 0, "README.md's tables block is stale: run `make readme-tables`"
+
+
+def test_readme_rows_come_from_the_table_files(tmp_path):
+    from grpo_lab.tables import readme
+
+    (tmp_path / "t.md").write_text("# A title\n\n- **Command:** `make table-t`\n- **Date:** x; wall time 3.5 min for 6 jobs\n\n"
+                                   "Best mean final accuracy: **b** (60.0%), +10.0 ± 2.0 pp over the baseline a (CI excludes 0).\n")
+    (tmp_path / "t_findings.json").write_text(json.dumps({"rows": {"a": 0.5, "b": 0.6}}))
+    (tmp_path / "smoke.md").write_text("# no findings beside it: not listed\n")
+    block = readme.render(tmp_path)
+    assert ("| [t](tables/t.md) | A title | `make table-t` | 3.5 min | a 50.0, b 60.0 % | Best mean final accuracy: "
+            "**b** (60.0%), +10.0 ± 2.0 pp over the baseline a (CI excludes 0). |") in block
+    assert "smoke" not in block
+    text = f"intro\n{readme.BEGIN}\nold rows\n{readme.END}\noutro\n"
+    assert readme.updated(text, tmp_path) == f"intro\n{block}\noutro\n"
+    with pytest.raises(ValueError, match="no generated tables block"):
+        readme.updated("no markers", tmp_path)
