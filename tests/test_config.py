@@ -40,12 +40,19 @@ def test_defaults_are_the_documented_experiment():
     cfg = make()
     assert (cfg.algorithm.name, cfg.rollout.engine, cfg.rollout.group_size) == ("grpo", "vllm", 8)
     assert cfg.rollout.max_new_tokens == cfg.task.max_completion_tokens  # interpolation resolved once
-    assert cfg.run_name == "grpo_G8_clip0.2_kl0_s0"
+    assert cfg.run_name == "chain_sum_tiny_llama_grpo_G8_clip0.2_kl0_s0"
 
 
 def test_run_name_follows_overrides():
     cfg = make(["rollout.group_size=16", "algorithm.kl.coef=0.04", "algorithm.clip_high=0.28", "seed=3"])
-    assert cfg.run_name == "grpo_G16_clip0.2-0.28_kl0.04k3_s3"
+    assert cfg.run_name == "chain_sum_tiny_llama_grpo_G16_clip0.2-0.28_kl0.04k3_s3"
+
+
+def test_run_name_carries_task_and_model():
+    assert make(["task=gcd", "model=smollm2_135m"]).run_name.startswith("gcd_smollm2_135m_grpo_G8_")
+    assert make(["task=partial_sums"]).run_name.startswith("chain_sum-partial_sums_tiny_llama_")
+    cfg = make(["model=pretrained", "model.path=/data/models/Qwen2.5-0.5B-Instruct"])
+    assert cfg.run_name.startswith("chain_sum_Qwen2.5-0.5B-Instruct_grpo_")
 
 
 def test_misspelt_key_fails_at_composition():

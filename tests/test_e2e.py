@@ -39,7 +39,7 @@ def test_two_step_run(engine, tmp_path, warm_cache):
         + [("eval", 2)] * 3
     assert {"prompt", "completion", "answer", "correct"} <= rows[0].keys() and "reward" in rows[3]
     resolved = (run_dir / "config.yaml").read_text()
-    assert f"engine: {engine}" in resolved and "run_name: grpo_G4_clip0.2_kl0_s0" in resolved
+    assert f"engine: {engine}" in resolved and "run_name: chain_sum_tiny_llama_grpo_G4_clip0.2_kl0_s0" in resolved
 
 
 def test_offline_dpo_from_a_local_pairs_file(tmp_path, warm_cache):

@@ -68,7 +68,7 @@ def test_two_job_multirun_gives_two_runs_one_wandb_group_and_a_table(warm_cache,
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
     run_dirs = sorted(p.parent for p in sweep.glob("*/summary.json"))
-    assert [p.name for p in run_dirs] == ["0_grpo_G4_clip0.2_kl0_s0", "1_grpo_G2_clip0.2_kl0_s0"]
+    assert [p.name for p in run_dirs] == ["0_chain_sum_tiny_llama_grpo_G4_clip0.2_kl0_s0", "1_chain_sum_tiny_llama_grpo_G2_clip0.2_kl0_s0"]
     for d in run_dirs:
         assert json.loads((d / "summary.json").read_text())["status"] == "completed"
         assert (d / "config.yaml").is_file() and (d / "metrics.jsonl").is_file()
