@@ -35,3 +35,19 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
             "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
             "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,
             "eval/n": float(len(items))}
+
+
+def evaluate_held_out(engine, tokenizer, items: list, cfg, *, step: int, samples: list | None = None,
+                      max_samples: int = 0) -> dict:
+    """A run's held-out evaluation (RL loop and SFT control alike): greedy accuracy and lengths, plus with
+    trainer.eval_sampled_k = k > 0 the mean accuracy of k samples per item at rollout.temperature
+    (eval/sampled_accuracy, mean@k; DAPO reports avg@32), seeded by run seed and step so that rows of a
+    table sharing a seed share the random numbers too."""
+    metrics = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens, samples=samples,
+                       max_samples=max_samples)
+    k = cfg.trainer.get("eval_sampled_k", 0)
+    if k:
+        sampled = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens,
+                           temperature=cfg.rollout.temperature, n=k, seed=cfg.seed * 1_000_003 + step)
+        metrics["eval/sampled_accuracy"] = sampled["eval/accuracy"]
+    return metrics

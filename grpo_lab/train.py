@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from grpo_lab import checkpoint
 from grpo_lab.backends import TRAINER_BACKENDS
 from grpo_lab.config import ConfigError, finalize, register_configs, validate
+from grpo_lab.evaluation import evaluate_held_out
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner import distributed
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
@@ -39,7 +40,7 @@ from grpo_lab.memory_plan import plan_memory
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.prompts import prepare_for_model
-from grpo_lab.phases import RewardNormalizer, RolloutPipeline, evaluate, rollout_metrics, to_learner_batch
+from grpo_lab.phases import RewardNormalizer, RolloutPipeline, rollout_metrics, to_learner_batch
 from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.tasks import build_task
 
@@ -96,18 +97,12 @@ def schedule_done(cfg: DictConfig, step: int, samples: int) -> bool:
 
 def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, recorder: RunRecorder, *,
                              step: int) -> dict:
-    """Greedy held-out evaluation (its first trainer.samples_per_log completions go to samples.jsonl), and
-    with trainer.eval_sampled_k > 0 the mean accuracy of k samples per item at the rollout temperature."""
+    """Held-out evaluation (grpo_lab.evaluation.evaluate_held_out); its first trainer.samples_per_log
+    greedy completions go to samples.jsonl."""
     rows: list[dict] = []
-    metrics = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens, samples=rows,
-                       max_samples=cfg.trainer.samples_per_log)
+    metrics = evaluate_held_out(engine, tokenizer, items, cfg, step=step, samples=rows,
+                                max_samples=cfg.trainer.samples_per_log)
     recorder.log_samples(rows, step=step, kind="eval")
-    k = cfg.trainer.get("eval_sampled_k", 0)
-    if k:
-        # Seeded by run seed and step: rows of a table that share a seed share the random numbers too.
-        sampled = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens,
-                           temperature=cfg.rollout.temperature, n=k, seed=cfg.seed * 1_000_003 + step)
-        metrics["eval/sampled_accuracy"] = sampled["eval/accuracy"]
     return metrics
 
 
@@ -115,6 +110,10 @@ def learner_threads(cfg: DictConfig) -> int:
     """CPU threads for the learner when learner.num_threads is null: half the cores when something else
     computes at the same time (an engine in its own process, or sampling ahead in a thread), else all
     of them. Oversubscribed OpenMP threads spin against each other (2.1 s vs 0.17 s per SFT step here).
+    vLLM's engine counts even in the synchronous loop: with sub-second phases its idle threads still
+    compete (default tiny run, 2 cores: 2 learner threads 0.94 s/step vs 1 thread 0.51 s, the rollout
+    slowing from 0.22 to 0.40 s); with phases of tens of seconds they do not, so a recipe for a real
+    model sets learner.num_threads itself (conf/experiment/smollm2_chain_sum.yaml: 46 s -> 31 s).
     OMP_NUM_THREADS, when set, is the budget: joblib's loky workers get cores // n_jobs that way, so
     parallel sweep jobs do not oversubscribe the machine either."""
     cores = int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 2

@@ -14,7 +14,8 @@ What is the same as an RL run (the overrides after `--` are the RL runs' own):
     model, task, warm-up settings and seed give the same cache key);
   - the training loop: grpo_lab.learner.sft.sft_loop, the warm-up's own loop (task.splits["train"]
     worked solutions, loss on completion tokens only), stopped by wall time instead of accuracy;
-  - the evaluation: grpo_lab.evaluation.evaluate (greedy, trainer.eval_split, rollout.max_new_tokens)
+  - the evaluation: grpo_lab.evaluation.evaluate_held_out (greedy, and mean@k with trainer.eval_sampled_k;
+    trainer.eval_split, rollout.max_new_tokens)
     with an HF engine sharing the trained weights, before, `--evals` times during, and after training;
   - the record: grpo_lab.logging.recorder.RunRecorder writes config.yaml, metrics.jsonl and
     summary.json in the trainer's format (and wandb when logger=wandb), so the report treats the
@@ -52,7 +53,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_lab.evaluation import evaluate
+    from grpo_lab.evaluation import evaluate_held_out
     from grpo_lab.learner.learner import resolve_device, set_cpu_threads
     from grpo_lab.learner.sft import SFTProgress, sft_loop, shared_weights_engine
     from grpo_lab.prompts import prepare_for_model
@@ -70,11 +71,11 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warmup.lr)
     eval_items = task.splits[cfg.trainer.eval_split]
 
-    def run_eval() -> dict:
+    def run_eval(step: int) -> dict:   # as the RL runs evaluate (greedy, and mean@k when they do)
         with torch.no_grad():
-            return evaluate(engine, tokenizer, eval_items, max_new_tokens=cfg.rollout.max_new_tokens)
+            return evaluate_held_out(engine, tokenizer, eval_items, cfg, step=step)
 
-    before = run_eval()
+    before = run_eval(0)
     recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
     eval_at = [wall_time_s * k / (evals + 1) for k in range(1, evals + 1)]
 
@@ -83,12 +84,12 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
         if eval_at and eval_at[0] <= p.trained_s < wall_time_s:  # the last evaluation is `after`
             while eval_at and p.trained_s >= eval_at[0]:
                 eval_at.pop(0)
-            metrics.update(run_eval())
+            metrics.update(run_eval(p.step))
         recorder.log(metrics, step=p.step, samples=p.samples)
 
     last = sft_loop(model, tokenizer, optimizer, task.splits["train"], batch_size=cfg.warmup.batch_size,
                     seed=cfg.seed, device=device, max_train_s=wall_time_s, on_step=on_step)
-    after = run_eval()
+    after = run_eval(last.step)
     recorder.log(after, step=last.step, samples=last.samples)
     return {"before": before, "after": after, "steps": last.step, "trained_s": last.trained_s,
             "warmup": {k: v for k, v in warm.items() if k != "history"}}
