@@ -23,7 +23,7 @@ from grpo_lab.tables.spec import TableSpecError, load_spec
 TABLES = sorted(p.stem for p in (REPO / "conf" / "table").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.yaml"))   # paper-scale GPU recipes
 # Jobs per table at lab scale (conditions x 3 seeds), as documented in each yaml.
-EXPECTED_JOBS = {"group_size": 12, "dapo": 18, "algorithms": 21, "std_norm": 9, "clip": 18, "kl": 15, "async": 6}
+EXPECTED_JOBS = {"group_size": 12, "dapo": 18, "algorithms": 21, "std_norm": 9, "clip": 18, "kl": 15, "async": 6, "tasks": 30}
 
 
 def test_the_issue_tables_exist():
@@ -196,10 +196,10 @@ def test_cumulative_ladder_and_variant_file(tmp_path):
     assert "override /algorithm: dapo" in text and "clip_high: 0.3" in text and "run_name: dapo_row_s${seed}" in text
 
 
-def _fake_run(d: Path, variant: str, seed: int, acc: float | None, status: str = "completed"):
+def _fake_run(d: Path, variant: str, seed: int, acc: float | None, status: str = "completed", extra: str = ""):
     d.mkdir(parents=True)
     (d / ".hydra").mkdir()
-    (d / ".hydra" / "overrides.yaml").write_text(f"- +variant={variant}\n- seed={seed}\n- rollout=hf\n")
+    (d / ".hydra" / "overrides.yaml").write_text(f"- +variant={variant}\n- seed={seed}\n- rollout=hf\n{extra}")
     (d / "config.yaml").write_text(f"seed: {seed}\nrun_name: {variant}_s{seed}\nrollout: {{temperature: {variant!r}}}\n")
     rows = [{"step": 0, "samples": 0, "eval/accuracy": 0.5},
             {"step": 150, "samples": 38400, "perf/step_time_s": 0.2, "eval/accuracy": acc}]
@@ -324,3 +324,44 @@ def test_readme_rows_come_from_the_table_files(tmp_path):
     assert readme.updated(text, tmp_path) == f"intro\n{block}\noutro\n"
     with pytest.raises(ValueError, match="no generated tables block"):
         readme.updated("no markers", tmp_path)
+
+
+def test_blocks_compare_each_row_with_their_own_baseline(tmp_path):
+    """within: [task]: one findings section per task, Δ against that task's grpo row, paired by seed."""
+    spec = load_spec(write_spec(tmp_path, """
+        title: blocks
+        paper_finding: "x (arXiv 0000.00000)"
+        sweep: {task: "gcd,chain_sum"}
+        variants:
+          - {name: grpo, overrides: [rollout.temperature=1.0]}
+          - {name: dapo, overrides: [rollout.temperature=0.9]}
+        within: [task]
+        baseline: grpo
+        target: 0.6
+    """))
+    plan = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    assert plan.blocks() == [["task=gcd"], ["task=chain_sum"]]
+    accs = {"gcd": {"grpo": (.20, .22, .24), "dapo": (.30, .31, .35)}, "chain_sum": {"grpo": (.70, .72, .71),
+                                                                                      "dapo": (.70, .71, .72)}}
+    for task, rows in accs.items():
+        for variant, values in rows.items():
+            for seed, acc in enumerate(values):
+                _fake_run(plan.runs_dir / f"{task}_{variant}{seed}", variant, seed, acc, extra=f"- task={task}\n")
+    result = build(plan, header_extra={"command": "test"}, launch_notes=[])
+    md = result["md"].read_text()
+    # gcd: dapo − grpo = .10, .09, .11 per seed -> +10.0 ± 2.5; chain_sum: 0, −.01, +.01 -> +0.0 ± 2.5
+    assert "*task=gcd*" in md and "*task=chain_sum*" in md
+    assert "| dapo | 32.0 ± " in md and "| +10.0 ± 2.5 |" in md and "| +0.0 ± 2.5 |" in md
+    assert set(result["findings"]["blocks"]) == {"task=gcd", "task=chain_sum"}
+    assert result["findings"]["rows"]["task=gcd dapo"] == pytest.approx(0.32)
+
+
+def test_within_must_name_a_sweep_key(tmp_path):
+    with pytest.raises(TableSpecError, match="within: 'task' is not a sweep key"):
+        load_spec(write_spec(tmp_path, """
+            title: t
+            paper_finding: "x (arXiv 0000.00000)"
+            variants: [{name: a, overrides: [rollout.temperature=1.0]}]
+            within: [task]
+            target: 0.6
+        """))

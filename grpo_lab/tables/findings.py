@@ -36,7 +36,24 @@ def difference(row: dict, base: dict) -> tuple[float, float, str]:
 
 
 def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
-    """Markdown "what we found" computed from the groups, and the numbers behind it."""
+    """Markdown "what we found" computed from the groups, and the numbers behind it; with spec.within
+    (e.g. [task]) one such section per block, each row compared with its own block's baseline."""
+    if not spec.within:
+        return block_findings(spec, groups, keys)
+    blocks: dict[str, list] = {}
+    for g in groups:
+        blocks.setdefault(" ".join(f"{k}={g.values.get(k)}" for k in spec.within), []).append(g)
+    texts, numbers = [], {"blocks": {}, "rows": {}}
+    for name, block in blocks.items():
+        text, found = block_findings(spec, block, keys)
+        texts.append(f"*{name}*\n\n{text}")
+        numbers["blocks"][name] = found
+        numbers["rows"].update({f"{name} {row}": acc for row, acc in found.get("rows", {}).items()})
+    return "\n\n".join(texts), numbers
+
+
+def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
+    """One comparison: every row of `groups` against the baseline row among them."""
     rows = []
     for g in groups:
         by_seed = {r.seed: v for r in g.runs_for_stats() if (v := final_value(r, ACC)) is not None}

@@ -87,19 +87,21 @@ def prewarm(plan: Plan, log: Path) -> int:
     return run_logged(cmd, log, {})
 
 
-def matched_wall_time(runs: list, variant: str) -> float | None:
-    """Mean over the variant's completed runs of the time spent in RL steps (sum of perf/step_time_s):
-    the compute the SFT control gets. Evaluation and engine start-up are excluded on both sides."""
+def matched_wall_time(runs: list, variant: str, block: list[str] = ()) -> float | None:
+    """Mean over the variant's completed runs (of `block`, e.g. ["task=gcd"]) of the time spent in RL
+    steps (sum of perf/step_time_s): the compute the SFT control gets. Evaluation and engine start-up
+    are excluded on both sides."""
     totals = []
     for r in runs:
-        if r.ok and r.override_map.get(VARIANT_GROUP) == variant:
+        in_block = all(r.override_map.get(override_key(o)) == o.split("=", 1)[1] for o in block)
+        if r.ok and in_block and r.override_map.get(VARIANT_GROUP) == variant:
             steps = [row["perf/step_time_s"] for row in r.metrics if row.get("perf/step_time_s") is not None]
             if steps:
                 totals.append(math.fsum(steps))
     return math.fsum(totals) / len(totals) if totals else None
 
 
-def run_sft_controls(plan: Plan, log: Path, wall_time: float) -> list[int]:
+def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] = ()) -> list[int]:
     sft = plan.spec.sft_control
     assert sft is not None
     codes = []
@@ -111,9 +113,10 @@ def run_sft_controls(plan: Plan, log: Path, wall_time: float) -> list[int]:
         if not override_key(o).startswith("hydra"):
             ov = parser.parse_override(o)
             base.append(f"{ov.get_key_element()}={ov.get_value_element_as_str()}")
+    tag = "".join(f"_{o.split('=', 1)[1]}" for o in block)
     for i, seed in enumerate(plan.seeds):
-        run_dir = plan.runs_dir / "sft_control" / f"{i}_sft_control_s{seed}"
-        overrides = [f"+{VARIANT_GROUP}=sft_control", *base, f"seed={seed}", f"logger.group={plan.group}"]
+        run_dir = plan.runs_dir / "sft_control" / f"{i}_sft_control{tag}_s{seed}"
+        overrides = [f"+{VARIANT_GROUP}=sft_control", *base, *block, f"seed={seed}", f"logger.group={plan.group}"]
         cmd = [sys.executable, "-m", "grpo_lab.tables.sft_control", "--wall-time", f"{wall_time:.3f}",
                "--evals", str(sft.evals), "--run-dir", str(run_dir), "--", *overrides]
         codes.append(run_logged(cmd, log, plan.env))
@@ -152,25 +155,26 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str]) ->
         launch_notes.append(f"the multirun exited with status {rc}: at least one job failed; every job of the "
                             "batch still ran (Hydra's launchers run the whole batch, then re-raise the first "
                             "failure). Failed runs are counted in each row and listed below.")
-    if spec.sft_control:
+    for block in plan.blocks() if spec.sft_control else []:
+        where = f" of {' '.join(block)}" if block else ""
         try:
-            wall = matched_wall_time(load_runs([plan.runs_dir]), spec.sft_control.match)
+            wall = matched_wall_time(load_runs([plan.runs_dir]), spec.sft_control.match, block)
         except NoRunsFound:
             wall = None
-        how = f"mean summed RL step time of the completed `{spec.sft_control.match}` runs"
+        how = f"mean summed RL step time of the completed `{spec.sft_control.match}` runs{where}"
         if spec.sft_control.wall_time_s is not None:
             wall, how = spec.sft_control.wall_time_s, "sft_control.wall_time_s in the table yaml"
         if wall is None:
-            launch_notes.append(f"SFT control skipped: no completed `{spec.sft_control.match}` run to match.")
+            launch_notes.append(f"SFT control{where} skipped: no completed `{spec.sft_control.match}` run to match.")
         else:
-            codes = run_sft_controls(plan, log, wall)
-            launch_notes.append(f"SFT control: {wall:.1f} s of training per seed ({how}); exit codes {codes}.")
+            codes = run_sft_controls(plan, log, wall, block)
+            launch_notes.append(f"SFT control{where}: {wall:.1f} s of training per seed ({how}); exit codes {codes}.")
     for job in unrecorded_jobs(plan.runs_dir):
         launch_notes.append(f"job `{job.relative_to(plan.runs_dir)}` failed before the trainer wrote "
                             f"metrics.jsonl/summary.json (see {log.name} and the job's .hydra/ and *.log).")
     wall_s = time.time() - started
     header["date"] = f"{date}; wall time {wall_s / 60:.1f} min for {n_jobs} jobs" + (
-        f" + {len(plan.seeds)} SFT controls" if spec.sft_control else "")
+        f" + {len(plan.seeds) * len(plan.blocks())} SFT controls" if spec.sft_control else "")
     (plan.runs_dir / "table_meta.json").write_text(json.dumps(
         {**header, "launch_notes": launch_notes, "wall_time_s": wall_s, "jobs": n_jobs, "exit_code": rc,
          "launch_command": plan.command}, indent=2))

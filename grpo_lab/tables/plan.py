@@ -104,6 +104,18 @@ class Plan:
     def variants_root(self) -> Path:
         return self.runs_dir / ".variants"
 
+    def blocks(self) -> list[list[str]]:
+        """The overrides of each block of spec.within (e.g. [["task=gcd"], ["task=chain_sum"]]); [[]] = one block."""
+        import itertools
+
+        parser = overrides_parser()
+        axes = []
+        for k in self.spec.within:
+            ov = parser.parse_override(f"{k}={self.spec.sweep[k]}")
+            vals = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+            axes.append([f"{k}={x}" for x in vals])
+        return [list(c) for c in itertools.product(*axes)]
+
     def jobs(self) -> list[list[str]]:
         """Every job's task overrides, in the order Hydra's BasicSweeper runs them (seed varies fastest)."""
         axes: list[list[str]] = []

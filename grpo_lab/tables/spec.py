@@ -82,6 +82,10 @@ class TableSpec:
     cumulative: bool = False
     # Row to compare every other row with (a variant name, or "key=value" of a sweep); default: the first.
     baseline: Optional[str] = None
+    # Sweep keys that split the table into blocks, e.g. [task]: every row is compared with the baseline
+    # row of its own block, and the SFT control runs once per block (its budget matched to that block's
+    # runs, from that block's warm-up checkpoint).
+    within: list[str] = field(default_factory=list)
     # Dotted config keys to group runs by; null = the overrides that vary (variant and sweep keys).
     group_by: Optional[list[str]] = None
     # Report columns (grpo_lab.report.table.COLUMNS or "<agg>:<metric>"); null = the report's default.
@@ -111,6 +115,7 @@ EXPECTED = {
     "full_overrides": "a list of override strings or null",
     "cumulative": "true or false",
     "group_by": "a list of dotted config keys or null",
+    "within": "a list of sweep keys, e.g. [task]",
     "columns": "a list of column names or null",
     "target": "an accuracy fraction in [0, 1], e.g. 0.65",
     "sft_control": "a mapping {match, [wall_time_s], [evals], [paper]}",
@@ -329,6 +334,11 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
         errors.append(f"`target` is an accuracy fraction in [0, 1] (e.g. 0.65), got {spec.target!r}")
     if spec.x not in ("samples", "step"):
         errors.append(f"`x` must be samples or step, got {spec.x!r}")
+    for k in spec.within:
+        if k not in spec.sweep:
+            errors.append(f"within: {k!r} is not a sweep key; sweep keys: {', '.join(spec.sweep) or '(none)'}")
+        elif spec.group_by is not None and k not in spec.group_by:
+            errors.append(f"within: {k!r} must also be in group_by, or rows of different blocks would merge")
     sft = spec.sft_control
     if sft is not None:
         if sft.match not in names:
