@@ -103,3 +103,33 @@ def test_two_vllm_replicas_sample_exactly_what_one_engine_samples(model_dir):
     for a, b in zip(*results):
         assert a.completion_ids == b.completion_ids and a.group_ids == b.group_ids
     assert results[0][0].completion_ids != results[0][1].completion_ids   # the push changed the samples
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_engine_matches_one_device(model_dir):
+    """rollout.tensor_parallel_size=2 on this machine's two cores (one per rank): greedy completions and
+    their logprobs equal the one-device engine's, before and after a weight push (each rank loads its
+    shard of the pushed tensors)."""
+    from grpo_lab.rollout import make_engine
+
+    rollout = OmegaConf.create({"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
+                                "enforce_eager": True, "dtype": "float32", "tensor_parallel_size": 1})
+    args = dict(n=1, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=0)
+    g = torch.Generator().manual_seed(3)
+    ref = dict(HFEngine.from_dir(model_dir).model.named_parameters())
+    new = [(k, v.detach() + 0.3 * torch.randn(v.shape, generator=g)) for k, v in ref.items()]
+    results = []
+    for tp in (1, 2):
+        rollout.tensor_parallel_size = tp
+        engine = make_engine(model_dir, rollout, seed=0)
+        try:
+            first = engine.generate(prompts(), **args)
+            engine.load_weights(new)
+            results.append((first, engine.generate(prompts(), **args)))
+        finally:
+            engine.close()
+    for a, b in zip(*results):
+        assert a.completion_ids == b.completion_ids
+        for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
+            torch.testing.assert_close(torch.tensor(y), torch.tensor(x), rtol=0, atol=1e-4)
+    assert results[0][0].completion_ids != results[0][1].completion_ids
