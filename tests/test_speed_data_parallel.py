@@ -77,32 +77,38 @@ def test_a_failing_replica_fails_the_call_after_all_have_ended(model_dir):
     dp.close()
 
 
+def before_and_after_a_push(model_dir, sizes: list, generate_args: dict) -> list:
+    """For each (key, size) vLLM setting in `sizes` (e.g. ("data_parallel_size", 2)): (rollout, rollout after pushing
+    the same perturbed weights), from one engine started on the tiny model."""
+    from grpo_lab.rollout import make_engine
+
+    g = torch.Generator().manual_seed(2)
+    ref = dict(HFEngine.from_dir(model_dir).model.named_parameters())
+    new = [(k, v.detach() + 0.3 * torch.randn(v.shape, generator=g)) for k, v in ref.items()]
+    results = []
+    for key, size in sizes:
+        rollout = OmegaConf.create({"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
+                                    "enforce_eager": True, "dtype": "float32", key: size})
+        engine = make_engine(model_dir, rollout, seed=0)
+        try:
+            assert isinstance(engine, DataParallelEngine) == (key == "data_parallel_size" and size > 1)
+            first = engine.generate(prompts(), **generate_args)
+            engine.load_weights(new)
+            results.append((first, engine.generate(prompts(), **generate_args)))
+        finally:
+            engine.close()
+    assert results[0][0].completion_ids != results[0][1].completion_ids   # the push changed what is written
+    return results
+
+
 @pytest.mark.slow
 def test_two_vllm_replicas_sample_exactly_what_one_engine_samples(model_dir):
     """The real thing on this machine's two cores: vLLM data_parallel_size=2 (one core each) vs one
     engine, sampled at temperature 1 with per-prompt seeds, then after the same weight push."""
-    from grpo_lab.rollout import make_engine
-
-    rollout = OmegaConf.create({"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
-                                "enforce_eager": True, "dtype": "float32", "data_parallel_size": 1})
-    args = dict(n=4, temperature=1.0, top_p=1.0, max_new_tokens=6, seed=11)
-    results = []
-    g = torch.Generator().manual_seed(2)
-    ref = dict(HFEngine.from_dir(model_dir).model.named_parameters())
-    new = [(k, v.detach() + 0.3 * torch.randn(v.shape, generator=g)) for k, v in ref.items()]
-    for size in (1, 2):
-        rollout.data_parallel_size = size
-        engine = make_engine(model_dir, rollout, seed=0)
-        try:
-            assert isinstance(engine, DataParallelEngine) == (size == 2)
-            first = engine.generate(prompts(), **args)
-            engine.load_weights(new)
-            results.append((first, engine.generate(prompts(), **args)))
-        finally:
-            engine.close()
-    for a, b in zip(*results):
+    one, two = before_and_after_a_push(model_dir, [("data_parallel_size", 1), ("data_parallel_size", 2)],
+                                       dict(n=4, temperature=1.0, top_p=1.0, max_new_tokens=6, seed=11))
+    for a, b in zip(one, two):
         assert a.completion_ids == b.completion_ids and a.group_ids == b.group_ids
-    assert results[0][0].completion_ids != results[0][1].completion_ids   # the push changed the samples
 
 
 @pytest.mark.slow
@@ -110,26 +116,9 @@ def test_a_tensor_parallel_engine_matches_one_device(model_dir):
     """rollout.tensor_parallel_size=2 on this machine's two cores (one per rank): greedy completions and
     their logprobs equal the one-device engine's, before and after a weight push (each rank loads its
     shard of the pushed tensors)."""
-    from grpo_lab.rollout import make_engine
-
-    rollout = OmegaConf.create({"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
-                                "enforce_eager": True, "dtype": "float32", "tensor_parallel_size": 1})
-    args = dict(n=1, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=0)
-    g = torch.Generator().manual_seed(3)
-    ref = dict(HFEngine.from_dir(model_dir).model.named_parameters())
-    new = [(k, v.detach() + 0.3 * torch.randn(v.shape, generator=g)) for k, v in ref.items()]
-    results = []
-    for tp in (1, 2):
-        rollout.tensor_parallel_size = tp
-        engine = make_engine(model_dir, rollout, seed=0)
-        try:
-            first = engine.generate(prompts(), **args)
-            engine.load_weights(new)
-            results.append((first, engine.generate(prompts(), **args)))
-        finally:
-            engine.close()
-    for a, b in zip(*results):
+    one, two = before_and_after_a_push(model_dir, [("tensor_parallel_size", 1), ("tensor_parallel_size", 2)],
+                                       dict(n=1, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=0))
+    for a, b in zip(one, two):
         assert a.completion_ids == b.completion_ids
         for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
             torch.testing.assert_close(torch.tensor(y), torch.tensor(x), rtol=0, atol=1e-4)
-    assert results[0][0].completion_ids != results[0][1].completion_ids
