@@ -110,17 +110,8 @@ class DataParallelEngine:
         named = list(named_tensors)   # read once, sent to every replica
         self._each([lambda r=r: r.load_weights(named) for r in self.replicas])
 
-    @property
-    def last_sync(self) -> dict:
-        """The slowest replica's push (what the step waited for)."""
-        stats = [getattr(r, "last_sync", None) or {} for r in self.replicas]
-        return max(stats, key=lambda s: s.get("all_s", 0.0)) if stats else {}
-
     def engine_pids(self) -> list[int]:
         return [pid for r in self.replicas for pid in getattr(r, "engine_pids", list)()]
-
-    def engine_error(self) -> str:
-        return "\n".join(filter(None, (getattr(r, "engine_error", str)() for r in self.replicas)))
 
     def close(self) -> None:
         errors = []
