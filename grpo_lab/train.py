@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import hydra
+import psutil
 import torch
 from transformers import AutoTokenizer
 from hydra.core.hydra_config import HydraConfig
@@ -33,7 +34,7 @@ from grpo_lab.config import ConfigError, finalize, register_configs, validate
 from grpo_lab.evaluation import evaluate_held_out
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner import distributed
-from grpo_lab.learner.learner import resolve_device, set_cpu_threads
+from grpo_lab.learner.learner import release_freed_host_memory, resolve_device, set_cpu_threads
 from grpo_lab.learner.sft import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
 from grpo_lab.memory_plan import plan_memory
@@ -104,6 +105,19 @@ def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, re
                                 max_samples=cfg.trainer.samples_per_log)
     recorder.log_samples(rows, step=step, kind="eval")
     return metrics
+
+
+def host_tree_rss_gib() -> float:
+    """Resident memory of this process and all its children (vLLM's engine processes, torchrun ranks
+    are separate trees), in GiB: what the machine must hold for the run."""
+    me = psutil.Process()
+    total = 0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:   # a child that ended between the listing and the read
+            pass
+    return total / 2**30
 
 
 def learner_threads(cfg: DictConfig) -> int:
@@ -207,8 +221,9 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
             pipeline.pushed()
             t_sync = time.time() - t0
 
+            release_freed_host_memory()
             metrics.update(rollout_metrics(scored))
-            metrics.update({"perf/learn_s": t_learn, "perf/sync_s": t_sync, "perf/wait_rollout_s": t_wait,
+            metrics.update({"perf/host_rss_gib": host_tree_rss_gib(), "perf/learn_s": t_learn, "perf/sync_s": t_sync, "perf/wait_rollout_s": t_wait,
                             "perf/step_time_s": time.time() - t_step,
                             "perf/cpu_time_s": time.process_time() - cpu_step,
                             "actor/skipped_steps": float(bad_steps)})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import functools
 import math
 import os
@@ -57,6 +58,20 @@ def set_cpu_threads(num_threads: int | None) -> int:
     n = num_threads or max(1, (os.cpu_count() or 2) // 2)
     torch.set_num_threads(n)
     return n
+
+
+def release_freed_host_memory() -> None:
+    """Hand memory that glibc's allocator holds but nothing uses back to the OS (malloc_trim).
+
+    A CPU learner allocates activations and logits whose sizes change every step (completion lengths
+    vary); glibc keeps the freed blocks in its arenas, so the trainer's RSS creeps upward over a run
+    (SmolLM2 recipe: ~7.5 GB by step 32 for a ~3 GB working set). Called once per step; a no-op where
+    the C library is not glibc.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def resolve_device(name: str) -> torch.device:
