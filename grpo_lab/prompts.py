@@ -7,6 +7,7 @@ Public API::
     configure_tokenizer(tokenizer, *, chat_template="auto", system_prompt=None) -> tokenizer
     uses_chat_template(tokenizer) -> bool
     render_prompt(tokenizer, text) -> str          # the text the model reads (for logs and samples)
+    chat_messages(tokenizer, text) -> list[dict]   # the conversation behind it (chat-template tokenizers)
     encode_prompt(tokenizer, text) -> list[int]    # what grpo_lab.learner.batch.encode_prompt returns
     prepare_for_model(task, tokenizer, task_cfg) -> tokenizer   # the one call after loading a tokenizer
 
@@ -101,6 +102,14 @@ def _check_raw(style: PromptStyle) -> None:
                          "task.chat_template=none): unset task.system_prompt or give task.chat_template=<file>")
 
 
+def chat_messages(tokenizer: Any, text: str) -> list[dict[str, str]]:
+    """The conversation a chat-template tokenizer renders for ``text`` (system message first if set):
+    what another trainer (TRL's conversational prompts) must be given to see the same prompt ids."""
+    if not uses_chat_template(tokenizer):
+        raise ValueError("this tokenizer renders prompts without a chat template (<bos> + text)")
+    return _messages(prompt_style(tokenizer), text)
+
+
 def render_prompt(tokenizer: Any, text: str) -> str:
     """The prompt as the model reads it, as text (chat template applied when in use)."""
     style = prompt_style(tokenizer)
@@ -169,6 +178,6 @@ def prepare_for_model(task: Any, tokenizer: Any, task_cfg: Any) -> Any:
     return tokenizer
 
 
-__all__ = ["CHAT_ANSWER_FORMAT", "CHAT_TEMPLATE_CHOICES", "PromptStyle", "adapt_answer_format", "check_chat_template",
-           "configure_tokenizer", "encode_prompt", "prepare_for_model", "prompt_style", "render_prompt",
-           "uses_chat_template"]
+__all__ = ["CHAT_ANSWER_FORMAT", "CHAT_TEMPLATE_CHOICES", "PromptStyle", "adapt_answer_format", "chat_messages",
+           "check_chat_template", "configure_tokenizer", "encode_prompt", "prepare_for_model", "prompt_style",
+           "render_prompt", "uses_chat_template"]

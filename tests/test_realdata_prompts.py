@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from grpo_lab.learner.batch import encode_prompt
-from grpo_lab.prompts import (adapt_answer_format, configure_tokenizer, prepare_for_model, render_prompt,
-                              uses_chat_template)
+from grpo_lab.prompts import (adapt_answer_format, chat_messages, configure_tokenizer, prepare_for_model,
+                              render_prompt, uses_chat_template)
 
 # Under the repo's git-ignored .cache, so the ~30-50 s conversion (0.5 GB) happens once per checkout.
 SMOLLM2_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "grpo_lab" / "models" / "smollm2_135m"
@@ -56,6 +56,17 @@ def test_system_prompt_and_none(smollm2_dir):
     raw = configure_tokenizer(_tok(smollm2_dir), chat_template="none")
     assert not uses_chat_template(raw)
     assert encode_prompt(raw, QUESTION) == [raw.bos_token_id] + raw.encode(QUESTION, add_special_tokens=False)
+
+
+def test_chat_messages_render_the_lab_prompt_ids(smollm2_dir):
+    # What another trainer (TRL's conversational prompts, scripts/bench.py) is handed: the same
+    # conversation the lab renders, system message included when set.
+    tok = configure_tokenizer(_tok(smollm2_dir), system_prompt="Answer with a number.")
+    msgs = chat_messages(tok, QUESTION)
+    assert msgs == [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": QUESTION}]
+    assert _reference_ids(tok, msgs) == encode_prompt(tok, QUESTION)
+    with pytest.raises(ValueError, match="without a chat template"):
+        chat_messages(configure_tokenizer(_tok(smollm2_dir), chat_template="none"), QUESTION)
 
 
 def test_template_file(tmp_path, smollm2_dir):
