@@ -189,64 +189,87 @@ def bench_overlap(cfg, overrides: list[str], steps: int, reps: int, tmp: Path) -
 def ensure_trl_venv() -> Path | str:
     """The TRL venv (built once, pinned); a string says why there is none."""
     py = TRL_VENV / "bin" / "python"
-    check = [str(py), "-c", "import trl, sys; sys.exit(0 if trl.__version__ == '1.16.0' else 1)"]
+    check = [str(py), "-c", "import peft, trl, sys; sys.exit(0 if trl.__version__ == '1.16.0' else 1)"]
     if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return py
     print(f"[bench] building {TRL_VENV} ({TRL_PIN}, torch from requirements.lock; a few minutes) ...",
           file=sys.stderr, flush=True)
-    steps = [[sys.executable.replace("/.venv/", "/.venv/"), "-m", "venv", str(TRL_VENV)],
-             [str(TRL_VENV / "bin" / "pip"), "install", "-q", "-c", str(REPO / "requirements.lock"), TRL_PIN,
-              "torch==2.13.0+cpu", "transformers", "accelerate", "datasets"]]
     # A venv from the base interpreter: the project's .venv must not leak into TRL's (no
-    # --system-site-packages); torch pinned to the project's build through the lock file.
-    steps[0][0] = getattr(sys, "_base_executable", sys.executable)
+    # --system-site-packages); torch (and peft, for LoRA recipes) pinned through the lock file. pip runs
+    # as `python -m pip`: a venv moved on disk keeps a working interpreter but stale script shebangs.
+    steps = [[getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(TRL_VENV)],
+             [str(py), "-m", "pip", "install", "-q", "-c", str(REPO / "requirements.lock"), TRL_PIN,
+              "torch==2.13.0+cpu", "transformers", "accelerate", "datasets", "peft"]]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             return f"could not build the TRL venv ({' '.join(cmd[:4])} ...): {proc.stderr.strip()[-300:]}"
     if subprocess.run(check, capture_output=True).returncode != 0:
-        return "the TRL venv does not import trl 1.16.0"
+        return "the TRL venv does not import trl 1.16.0 and peft"
     return py
 
 
-def evaluate_dir(model_dir: Path, items, max_new: int) -> tuple[float, list[str]]:
-    from transformers import AutoTokenizer
-
+def evaluate_dir(model_dir: Path, items, max_new: int, tok) -> tuple[float, list[str]]:
+    """Greedy accuracy of the model in `model_dir` on `items` and its completions; `tok` renders the
+    prompts (the run's configured tokenizer: chat template, system prompt)."""
     from grpo_lab.evaluation import evaluate
     from grpo_lab.learner.batch import encode_prompt
     from grpo_lab.rollout.hf_engine import HFEngine
 
     engine = HFEngine.from_dir(model_dir)
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
     acc = evaluate(engine, tok, items, max_new_tokens=max_new)["eval/accuracy"]
     texts = engine.generate([encode_prompt(tok, it.prompt) for it in items], n=1, temperature=0.0, top_p=1.0,
                             max_new_tokens=max_new, seed=0, logprobs=False).texts
     return acc, texts
 
 
+def trl_prompts(tok, items) -> list | str:
+    """The prompts TRL must be given to see exactly the ids the lab's engine gets (checked on the first
+    item): the chat conversation for a chat-template model (TRL applies the template with
+    add_generation_prompt=True, as the lab does), else the bos token's text + the prompt text (TRL
+    tokenizes a plain prompt as is). A string says why neither renders the lab's ids."""
+    from grpo_lab.prompts import chat_messages, encode_prompt, uses_chat_template
+
+    lab_ids = encode_prompt(tok, items[0].prompt)
+    if uses_chat_template(tok):
+        out = tok.apply_chat_template(chat_messages(tok, items[0].prompt), add_generation_prompt=True,
+                                      tokenize=True, return_dict=True)
+        if list(out["input_ids"]) != lab_ids:
+            return "skipped: TRL's chat-template rendering differs from the lab's prompt ids"
+        return [chat_messages(tok, it.prompt) for it in items]
+    bos = tok.bos_token or ""
+    if tok.encode(bos + items[0].prompt, add_special_tokens=False) != lab_ids:
+        return "skipped: the tokenizer does not render bos + prompt text as the lab's prompt ids"
+    return [bos + it.prompt for it in items]
+
+
 def bench_trl(cfg, overrides: list[str], policy_dir: Path, task, steps: int, tmp: Path) -> dict | str:
     from transformers import AutoTokenizer
 
-    from grpo_lab.learner.batch import encode_prompt
-    from grpo_lab.rewards import is_correct
+    from grpo_lab.prompts import prepare_for_model
+    from grpo_lab.rewards import extract_answer, is_correct
 
     py = ensure_trl_venv()
     if isinstance(py, str):
         return py
-    tok = AutoTokenizer.from_pretrained(str(policy_dir))
-    train = task.splits["train"]
-    # TRL tokenizes the prompt text as is: put the bos token's text in front, so it sees exactly
-    # the ids the lab's engine gets (checked here).
-    bos = tok.bos_token or ""
-    if tok.encode(bos + train[0].prompt, add_special_tokens=False) != encode_prompt(tok, train[0].prompt):
-        return "skipped: the tokenizer does not render bos + prompt text as the lab's prompt ids"
-    t, r = cfg.trainer, cfg.rollout
-    n_prompts = steps * t.prompts_per_step
-    spec = {"model_dir": str(policy_dir), "prompts": [bos + it.prompt for it in train[:n_prompts]],
-            "answers": [it.answer for it in train[:n_prompts]], "group_size": int(r.group_size),
-            "prompts_per_step": int(t.prompts_per_step), "steps": steps, "lr": float(cfg.learner.lr),
-            "max_new_tokens": int(r.max_new_tokens), "seed": int(cfg.seed), "out_dir": str(tmp / "trl"),
-            "result": str(tmp / "trl.json")}
+    tok = prepare_for_model(task, AutoTokenizer.from_pretrained(str(policy_dir)), cfg.task)
+    t, r, lc = cfg.trainer, cfg.rollout, cfg.learner
+    train = task.splits["train"][:steps * t.prompts_per_step]
+    prompts = trl_prompts(tok, train)
+    if isinstance(prompts, str):
+        return prompts
+    # Same learner settings as the lab's run: LoRA (peft, same rank/alpha/targets) or full fine-tuning,
+    # bf16 autocast over fp32 masters or fp32, the lab's torch threads.
+    lora = ({"rank": int(lc.lora.rank), "alpha": float(lc.lora.alpha), "dropout": float(lc.lora.dropout),
+             "target_modules": list(lc.lora.target_modules)} if lc.lora.rank else None)
+    spec = {"model_dir": str(policy_dir), "prompts": prompts, "answers": [it.answer for it in train],
+            "answer_formats": [it.fields.get("answer_format", "plain") for it in train],
+            "answers_module": str(REPO / "grpo_lab" / "rewards" / "answers.py"),
+            "group_size": int(r.group_size), "prompts_per_step": int(t.prompts_per_step), "steps": steps,
+            "lr": float(lc.lr), "grad_clip": float(lc.grad_clip), "temperature": float(r.temperature),
+            "clip": float(cfg.algorithm.clip_low), "max_new_tokens": int(r.max_new_tokens), "seed": int(cfg.seed),
+            "lora": lora, "bf16": lc.dtype == "bf16", "threads": int(lc.num_threads or 0),
+            "out_dir": str(tmp / "trl"), "result": str(tmp / "trl.json")}
     (tmp / "trl_spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.run([str(py), str(REPO / "scripts" / "bench_trl_child.py"), str(tmp / "trl_spec.json")],
@@ -259,12 +282,16 @@ def bench_trl(cfg, overrides: list[str], policy_dir: Path, task, steps: int, tmp
     lines = run_train([*overrides, f"trainer.total_steps={steps}", "trainer.eval_every=0",
                        "trainer.save_checkpoint=true"], run_dir)
     test = task.splits[t.eval_split]
-    lab_acc, lab_texts = evaluate_dir(run_dir / "checkpoints" / "final", test, int(r.max_new_tokens))
-    trl_acc, trl_texts = evaluate_dir(Path(spec["out_dir"]) / "final", test, int(r.max_new_tokens))
-    start_acc, _ = evaluate_dir(policy_dir, test, int(r.max_new_tokens))
-    # The TRL child's exact-match reward must equal the lab's correctness on what the models write.
-    agree = [is_correct(c, it) == (c.strip() == it.answer.strip()) for c, it in zip(lab_texts + trl_texts, test + test)]
-    return {"lab_rl_s": sum(step_times(lines)), "trl_rl_s": trl_res["rl_s"], "trl_threads": trl_res["threads"],
+    lab_acc, lab_texts = evaluate_dir(run_dir / "checkpoints" / "final", test, int(r.max_new_tokens), tok)
+    trl_acc, trl_texts = evaluate_dir(Path(spec["out_dir"]) / "final", test, int(r.max_new_tokens), tok)
+    start_acc, _ = evaluate_dir(policy_dir, test, int(r.max_new_tokens), tok)
+    # The TRL child's reward (the item's answer read by grpo_lab/rewards/answers.py, exact match) must
+    # equal the lab's correctness on what the models write.
+    agree = [is_correct(c, it) == (extract_answer(c, it.fields.get("answer_format", "plain")) == it.answer.strip())
+             for c, it in zip(lab_texts + trl_texts, test + test)]
+    lab_steps, trl_steps = step_times(lines), trl_res["step_s"]
+    return {"lab_rl_s": sum(lab_steps), "trl_rl_s": trl_res["rl_s"], "trl_threads": trl_res["threads"],
+            "lab_step_s": med(lab_steps), "trl_step_s": med(trl_steps) if trl_steps else float("nan"),
             "lab_acc": lab_acc, "trl_acc": trl_acc, "start_acc": start_acc, "n_test": len(test),
             "reward_agreement": sum(agree) / max(len(agree), 1)}
 
@@ -329,6 +356,7 @@ def main() -> None:
             else:
                 lines += [f"{'TRL':<10}{'lab RL phase s':<34}{tr['lab_rl_s']:>10.1f}  {'TRL GRPOTrainer.train() s':<30}"
                           f"{tr['trl_rl_s']:>10.1f}{tr['lab_rl_s'] / tr['trl_rl_s']:>9.2f}x   target <= 0.50x",
+                          f"{'':<10}{'median step s':<34}{tr['lab_step_s']:>10.2f}  {'':<30}{tr['trl_step_s']:>10.2f}",
                           f"{'':<10}held-out greedy accuracy ({tr['n_test']} test items, grpo_lab.evaluation.evaluate): "
                           f"start {tr['start_acc']:.1%}, lab {tr['lab_acc']:.1%}, TRL {tr['trl_acc']:.1%}; "
                           f"TRL threads {tr['trl_threads']}; reward functions agree on "
