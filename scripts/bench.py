@@ -22,7 +22,10 @@ so a slow patch of this shared 2-core machine does not land on one side only):
                .cache/trl_venv, trl==1.16.0, built with `-c requirements.lock`), same warm-up
                checkpoint, task, G, prompts per step, steps, lr, temperature, β=0, token-mean
                loss; both final models scored by `grpo_lab.evaluation.evaluate` (greedy, the test
-               split) on the same HF engine. One run each (too long to repeat here).
+               split) on the same HF engine. One run each (too long to repeat here). Any recipe:
+               `--skip phases overlap --steps 8 experiment=smollm2_chain_sum` (make
+               bench-trl-smollm2) gives TRL the same chat conversation, LoRA (peft), bf16
+               autocast, temperature and answer reader as the lab's run.
 
 Nothing here asserts a timing; it prints numbers.
 """
