@@ -23,7 +23,10 @@ from grpo_lab.tables.spec import TableSpecError, load_spec
 TABLES = sorted(p.stem for p in (REPO / "conf" / "table").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.yaml"))   # paper-scale GPU recipes
 # Jobs per table at lab scale (conditions x 3 seeds), as documented in each yaml.
-EXPECTED_JOBS = {"group_size": 12, "dapo": 18, "algorithms": 21, "std_norm": 9, "clip": 18, "kl": 15, "async": 6, "tasks": 30}
+# Jobs at --scale lab and full: dapo, std_norm and clip sweep the task (chain_sum, partial_sums) at lab
+# scale only (lab_only_sweep), so their full-scale recipes run half as many.
+EXPECTED_JOBS = {"group_size": (12, 12), "dapo": (36, 18), "algorithms": (21, 21), "std_norm": (18, 9),
+                 "clip": (36, 18), "kl": (15, 15), "async": (6, 6), "tasks": (30, 30)}
 
 
 def test_the_issue_tables_exist():
@@ -44,9 +47,9 @@ def test_every_job_of_every_table_composes_and_validates(name, scale, tmp_path):
     plan = make_plan(load_spec(name), scale=scale, runs_root=tmp_path)
     n = preflight(plan)  # raises TableSpecError naming each job that does not validate
     if name in EXPECTED_JOBS:
-        assert n == EXPECTED_JOBS[name]
+        assert n == EXPECTED_JOBS[name][scale == "full"]
     smoke = make_plan(load_spec(name), smoke=True, runs_root=tmp_path / "smoke")
-    assert preflight(smoke) == n // 3  # one seed
+    assert preflight(smoke) == len(make_plan(load_spec(name), runs_root=tmp_path / "lab").jobs()) // 3  # one seed
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -269,8 +272,11 @@ def check_smoke_table(name: str, proc: subprocess.CompletedProcess, tmp_path: Pa
 def test_smoke_table_end_to_end(warm_cache, tmp_path):
     proc = smoke_table("std_norm", warm_cache, tmp_path)
     md = check_smoke_table("std_norm", proc, tmp_path)
+    # Two blocks (task: chain_sum, partial_sums), each row once per block.
     for row in ("group_std", "no_std", "batch_std"):
-        assert f"| {row} | 1 ok / 0 failed |" in md
+        for task in ("chain_sum", "partial_sums"):
+            assert any(row in line and task in line and "| 1 ok / 0 failed |" in line for line in md.splitlines()), (
+                row, task)
 
 
 @pytest.mark.slow
@@ -354,6 +360,35 @@ def test_blocks_compare_each_row_with_their_own_baseline(tmp_path):
     assert "| dapo | 32.0 ± " in md and "| +10.0 ± 2.5 |" in md and "| +0.0 ± 2.5 |" in md
     assert set(result["findings"]["blocks"]) == {"task=gcd", "task=chain_sum"}
     assert result["findings"]["rows"]["task=gcd dapo"] == pytest.approx(0.32)
+
+
+def test_lab_only_sweep_keys_leave_the_full_scale_recipe_its_own_value(tmp_path):
+    """A lab task sweep (chain_sum vs partial_sums) must not replace a full-scale recipe's own data: at
+    --scale full the key is not swept, the table is one block, and jobs/command carry no task override."""
+    spec = load_spec(write_spec(tmp_path, """
+        title: t
+        paper_finding: "x (arXiv 0000.00000)"
+        variants: [{name: a, overrides: [algorithm=grpo]}, {name: b, overrides: [algorithm=dapo]}]
+        sweep: {task: "chain_sum,partial_sums", algorithm.clip_low: "0.1,0.2"}
+        within: [task]
+        lab_only_sweep: [task]
+        experiment: gpu_clip
+        target: 0.6
+    """))
+    lab = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    full = make_plan(spec, scale="full", runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    assert lab.blocks() == [["task=chain_sum"], ["task=partial_sums"]] and len(lab.jobs()) == 2 * 2 * 2 * 3
+    assert full.blocks() == [[]] and len(full.jobs()) == 2 * 2 * 3
+    assert not any(o.startswith("task=") for job in full.jobs() for o in job)
+    assert not any(a.startswith("task=") for a in full.command)
+    assert "algorithm.clip_low=0.1,0.2" in full.command
+    with pytest.raises(TableSpecError, match="lab_only_sweep: 'seed' is not a sweep key"):
+        load_spec(write_spec(tmp_path, """
+            title: t
+            paper_finding: "x (arXiv 0000.00000)"
+            variants: [{name: a, overrides: [algorithm=grpo]}]
+            lab_only_sweep: [seed]
+        """))
 
 
 def test_within_must_name_a_sweep_key(tmp_path):

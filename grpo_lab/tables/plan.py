@@ -99,6 +99,8 @@ class Plan:
     command: list[str]
     env: dict[str, str]
     warnings: list[str] = field(default_factory=list)
+    # The sweep of this scale: spec.sweep less spec.lab_only_sweep at --scale full.
+    sweep: dict[str, str] = field(default_factory=dict)
 
     @property
     def variants_root(self) -> Path:
@@ -111,7 +113,9 @@ class Plan:
         parser = overrides_parser()
         axes = []
         for k in self.spec.within:
-            ov = parser.parse_override(f"{k}={self.spec.sweep[k]}")
+            if k not in self.sweep:
+                continue  # a lab-only key at full scale: the recipe fixes it, one block
+            ov = parser.parse_override(f"{k}={self.sweep[k]}")
             vals = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
             axes.append([f"{k}={x}" for x in vals])
         return [list(c) for c in itertools.product(*axes)]
@@ -122,7 +126,7 @@ class Plan:
         if self.variants:
             axes.append([f"+{VARIANT_GROUP}={v.name}" for v, _ in self.variants])
         parser = overrides_parser()
-        for k, v in self.spec.sweep.items():
+        for k, v in self.sweep.items():
             if override_key(k) in {override_key(o) for o in self.base}:
                 continue  # an extra override pinned this sweep key
             ov = parser.parse_override(f"{k}={v}")
@@ -177,12 +181,13 @@ def make_plan(spec: TableSpec, *, smoke: bool = False, scale: str = "lab", extra
             # every worker and oversubscribe the machine).
             threads = str(max(1, (os.cpu_count() or 1) // max(jobs, 1)))
             env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    sweep = {k: v for k, v in spec.sweep.items() if not (scale == "full" and k in spec.lab_only_sweep)}
     plan = Plan(spec, smoke, scale, runs_dir, (tables_root / spec.name).resolve(), group, variants, base,
-                seeds, launcher_ov, [], env, warnings)
+                seeds, launcher_ov, [], env, warnings, sweep)
     cmd = [sys.executable, "-m", "grpo_lab.train", "-m"]
     if variants:
         cmd += [plan.searchpath_override(), f"+{VARIANT_GROUP}=" + ",".join(v.name for v, _ in variants)]
-    cmd += [f"{k}={v}" for k, v in spec.sweep.items() if override_key(k) not in {override_key(o) for o in base}]
+    cmd += [f"{k}={v}" for k, v in sweep.items() if override_key(k) not in {override_key(o) for o in base}]
     cmd += base + ["seed=" + ",".join(str(s) for s in seeds), f"logger.group={group}",
                    f"hydra.sweep.dir={runs_dir}"] + launcher_ov
     plan.command = cmd

@@ -76,6 +76,9 @@ class TableSpec:
     fixed: list[str] = field(default_factory=list)
     # hydra.sweeper.params-style: key -> comma list (cartesian product); a YAML list is joined with commas.
     sweep: dict[str, Any] = field(default_factory=dict)
+    # Sweep keys that apply at --scale lab only: the full-scale recipe (`experiment`) chooses its own
+    # value, e.g. its task (a lab task sweep must not replace the recipe's MATH data).
+    lab_only_sweep: list[str] = field(default_factory=list)
     # Named sets of overrides (rows), crossed with `sweep`.
     variants: list[Variant] = field(default_factory=list)
     # Ladder: each variant adds its overrides to the previous variants' (DAPO Table 1).
@@ -116,6 +119,7 @@ EXPECTED = {
     "cumulative": "true or false",
     "group_by": "a list of dotted config keys or null",
     "within": "a list of sweep keys, e.g. [task]",
+    "lab_only_sweep": "a list of sweep keys, e.g. [task]",
     "columns": "a list of column names or null",
     "target": "an accuracy fraction in [0, 1], e.g. 0.65",
     "sft_control": "a mapping {match, [wall_time_s], [evals], [paper]}",
@@ -334,6 +338,9 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
         errors.append(f"`target` is an accuracy fraction in [0, 1] (e.g. 0.65), got {spec.target!r}")
     if spec.x not in ("samples", "step"):
         errors.append(f"`x` must be samples or step, got {spec.x!r}")
+    for k in spec.lab_only_sweep:
+        if k not in spec.sweep:
+            errors.append(f"lab_only_sweep: {k!r} is not a sweep key; sweep keys: {', '.join(spec.sweep) or '(none)'}")
     for k in spec.within:
         if k not in spec.sweep:
             errors.append(f"within: {k!r} is not a sweep key; sweep keys: {', '.join(spec.sweep) or '(none)'}")
