@@ -132,9 +132,13 @@ def test_joblib_launcher_is_passed_through(tmp_path):
     plan = make_plan(spec, launcher="joblib", jobs=2, runs_root=tmp_path)
     assert plan.command[-2:] == ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     assert plan.env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
-    # The joblib launcher plugin is installed and composes with the trainer's config.
+    # The joblib launcher plugin is installed and composes with the trainer's config (whose schema,
+    # base_config, lives in ConfigStore: register it here rather than rely on an earlier test).
     from hydra import compose, initialize_config_dir
 
+    from grpo_lab.config import register_configs
+
+    register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
                       return_hydra_config=True)
@@ -159,6 +163,7 @@ def test_overrides_files_record_the_variant(tmp_path):
     spec = load_spec("std_norm")
     plan = make_plan(spec, runs_root=tmp_path)
     jobs = plan.jobs()
-    assert len(jobs) == 9 and jobs[0][:2] == ["+variant=group_std", "seed=0"]
-    assert [j[1] for j in jobs[:3]] == ["seed=0", "seed=1", "seed=2"]  # seeds vary fastest
+    # 3 variants x 2 task blocks (chain_sum, partial_sums) x 3 seeds
+    assert len(jobs) == 18 and jobs[0][:3] == ["+variant=group_std", "task=chain_sum", "seed=0"]
+    assert [j[2] for j in jobs[:3]] == ["seed=0", "seed=1", "seed=2"]  # seeds vary fastest
     assert all(yaml.safe_load(yaml.safe_dump(j)) == j for j in jobs)
