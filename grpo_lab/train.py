@@ -107,12 +107,12 @@ def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, re
     return metrics
 
 
-def host_tree_rss_gib() -> float:
-    """Resident memory of this process and all its children (vLLM's engine processes, torchrun ranks
-    are separate trees), in GiB: what the machine must hold for the run."""
-    me = psutil.Process()
+def host_tree_rss_gib(root: psutil.Process | None = None) -> float:
+    """Resident memory of `root` (default: this process) and all its children, e.g. vLLM's engine
+    processes, in GiB: what the machine must hold for the run (scripts/peak_tree_rss.py samples it)."""
+    root = root or psutil.Process()
     total = 0
-    for p in [me, *me.children(recursive=True)]:
+    for p in [root, *root.children(recursive=True)]:
         try:
             total += p.memory_info().rss
         except psutil.Error:   # a child that ended between the listing and the read
@@ -223,7 +223,8 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
 
             release_freed_host_memory()
             metrics.update(rollout_metrics(scored))
-            metrics.update({"perf/host_rss_gib": host_tree_rss_gib(), "perf/learn_s": t_learn, "perf/sync_s": t_sync, "perf/wait_rollout_s": t_wait,
+            metrics.update({"perf/host_rss_gib": host_tree_rss_gib(), "perf/learn_s": t_learn, "perf/sync_s": t_sync,
+                            "perf/wait_rollout_s": t_wait,
                             "perf/step_time_s": time.time() - t_step,
                             "perf/cpu_time_s": time.process_time() - cpu_step,
                             "actor/skipped_steps": float(bad_steps)})
