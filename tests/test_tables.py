@@ -116,6 +116,12 @@ def write_spec(tmp_path: Path, text: str) -> Path:
      "variant names must be unique"),
     ("title: t\npaper_finding: p\nvariants: [{name: a, overrides: []}]\nsft_control: {match: b}\n",
      "sft_control.match must name a variant"),
+    ("title: t\npaper_finding: p\nvariants: [{name: a, overrides: []}]\npaper_direction: {a: higher}\n",
+     "paper_direction['a'] must be one of better, worse, same, got 'higher'"),
+    ("title: t\npaper_finding: p\nvariants: [{name: a, overrides: []}]\npaper_direction: {b: better}\n",
+     "paper_direction: 'b' is not a variant; variants: a"),
+    ("title: t\npaper_finding: p\nsweep: {x.y: '1,2'}\npaper_direction: {x.y=3: worse}\n",
+     "paper_direction: 'x.y=3' selects no row; sweep values: x.y=1,2"),
 ])
 def test_bad_table_files_fail_with_a_clear_message(tmp_path, body, message):
     with pytest.raises(TableSpecError) as err:
@@ -243,8 +249,62 @@ def test_findings_report_differences_with_confidence_intervals(tmp_path):
     assert "| b | 50 | 71.0 ± 2.5 (n=3) | +10.0 ± 2.5 |" in md
     assert "paired by seed" in md and "widest Δ half-width in this table:" in md
     assert "(CI excludes 0)" in md and "The paper's best row is **b**; our best agrees." in md
-    assert "| c | – | 60.7 ± " in md and "| yes |" in md
+    # The paper's direction for b comes from its numbers (50 > 30): the paired CI lies above 0.
+    assert "| +10.0 ± 2.5 | better | reproduced |" in md
+    assert "| c | – | 60.7 ± 13.7 (n=3) | -0.3 ± 15.2 | – | – |" in md  # the paper says nothing about c
+    assert result["findings"]["paper_direction"] == {"b": {"paper": "better", "greedy": "reproduced"}}
+    assert "greedy accuracy: reproduced 1 of 1" in md
     assert "| c | 3 ok / 1 failed |" in md and "RuntimeError: boom" in md and "job `dead`" in md
+
+
+@pytest.mark.parametrize("direction, d, half, verdict", [
+    ("better", 0.05, 0.02, "reproduced"),                  # CI [+3, +7] above 0
+    ("better", -0.05, 0.02, "contradicted"),               # CI [−7, −3] below 0
+    ("better", 0.01, 0.02, "unresolved, paper's side"),    # CI [−1, +3]: Δ > 0, CI includes 0
+    ("better", -0.01, 0.02, "unresolved, other side"),
+    ("worse", -0.05, 0.02, "reproduced"),                  # the paper says lower: CI [−7, −3]
+    ("worse", 0.05, 0.02, "contradicted"),
+    ("worse", -0.01, 0.02, "unresolved, paper's side"),
+    ("same", 0.01, 0.02, "consistent"),                    # no difference claimed; CI includes 0
+    ("same", 0.03, 0.02, "contradicted"),
+    ("better", 0.05, float("nan"), "n/a (one seed)"),
+])
+def test_direction_verdicts_by_hand(direction, d, half, verdict):
+    from grpo_lab.tables.findings import direction_verdict
+
+    assert direction_verdict(direction, d, half) == verdict
+
+
+def test_explicit_directions_select_rows_by_sweep_values_and_judge_mean_at_k_too(tmp_path):
+    """paper_direction keys select sweep rows (several key=value terms); each row gets a verdict on greedy
+    accuracy and on mean@k, from paired Δ against its block's baseline."""
+    spec = load_spec(write_spec(tmp_path, """
+        title: clip
+        paper_finding: "0.2 is best (arXiv 1707.06347)"
+        sweep: {rollout.temperature: "1.0,0.9,0.8"}
+        baseline: rollout.temperature=1.0
+        paper_direction: {"rollout.temperature=0.9": worse, "rollout.temperature=0.8": same}
+    """))
+    plan = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    # greedy per seed (and mean@k = greedy − 0.1, or −0.2 for t=0.8)
+    accs = {"1.0": (.60, .62, .61), "0.9": (.50, .53, .51), "0.8": (.60, .63, .61)}
+    for t, values in accs.items():
+        for seed, acc in enumerate(values):
+            d = plan.runs_dir / f"t{t}_{seed}"
+            _fake_run(d, f"t{t}", seed, acc, extra=f"- rollout.temperature={t}\n")
+            summary = json.loads((d / "summary.json").read_text())
+            summary["final"]["eval/sampled_accuracy"] = acc - (0.2 if t == "0.8" else 0.1)
+            (d / "summary.json").write_text(json.dumps(summary))
+    result = build(plan, header_extra={"command": "test"}, launch_notes=[])
+    md = result["md"].read_text()
+    # 0.9 − 1.0 = −.10, −.09, −.10 greedy and the same for mean@k: −9.7 ± 1.4, below 0 -> reproduced twice.
+    # 0.8 − 1.0 = 0, +.01, 0 greedy (CI includes 0: consistent); mean@k −.10, −.09, −.10 (contradicted).
+    assert "| t0.9 | 51.3 ± 3.8 (n=3) | -9.7 ± 1.4 | 41.3 ± 3.8 (n=3) | -9.7 ± 1.4 | worse | reproduced; reproduced |" in md
+    assert "| t0.8 | 61.3 ± 3.8 (n=3) | +0.3 ± 1.4 | 41.3 ± 3.8 (n=3) | -9.7 ± 1.4 | same | consistent; contradicted |" in md
+    assert "| t1.0 (baseline) | 61.0 ± 2.5 (n=3) | 0 | 51.0 ± 2.5 (n=3) | 0 | – | – |" in md
+    found = result["findings"]["paper_direction"]
+    assert found["t0.8"] == {"paper": "same", "greedy": "consistent", "sampled": "contradicted"}
+    assert "greedy accuracy: reproduced 1, consistent 1 of 2; mean@k: reproduced 1, contradicted 1 of 2" in md
 
 
 def smoke_table(name: str, cache: Path, tmp_path: Path) -> subprocess.CompletedProcess:

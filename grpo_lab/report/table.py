@@ -24,6 +24,8 @@ from .runs import Group, Run, display_path
 from .stats import first_reach, mean_ci
 
 ACC = "eval/accuracy"
+# mean@k at the rollout temperature (trainer.eval_sampled_k > 0; DAPO reports avg@32)
+SAMPLED_ACC = "eval/sampled_accuracy"
 DASH = "–"  # en dash: the cell has no data
 
 
@@ -165,7 +167,7 @@ COLUMNS: dict[str, Column] = {
         Column("final_acc", "Final acc. (%)", lambda r, c: final_value(r, ACC), "pct"),
         Column("best_acc", "Best acc. (%)", lambda r, c: _max_of(r, ACC), "pct"),
         # mean@k at the rollout temperature (trainer.eval_sampled_k > 0); "–" where it was not measured
-        Column("final_sampled_acc", "Final mean@k (%)", lambda r, c: final_value(r, "eval/sampled_accuracy"), "pct"),
+        Column("final_sampled_acc", "Final mean@k (%)", lambda r, c: final_value(r, SAMPLED_ACC), "pct"),
         Column("gain", "Gain (pp)", lambda r, c: _gain(r), "pp"),
         Column("samples_to_target", "Samples to {target}", _reach("samples"), "count", "samples"),
         Column("steps_to_target", "Steps to {target}", _reach("step"), "count", "step"),

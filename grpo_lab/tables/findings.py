@@ -7,7 +7,7 @@ import json
 import math
 
 from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, paired_diff_ci, welch_diff_ci
-from grpo_lab.report.table import ACC, final_value
+from grpo_lab.report.table import ACC, SAMPLED_ACC, final_value
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import VARIANT_GROUP, TableSpec, override_key
 
@@ -35,6 +35,58 @@ def difference(row: dict, base: dict) -> tuple[float, float, str]:
     return d, half, "Welch"
 
 
+def selects(selector: str, group) -> bool:
+    """Whether a row selector (as `baseline` and `paper_direction` keys: a variant name or key=value,
+    several space-separated terms all matching) picks this row."""
+    for term in selector.split():
+        k, eq, v = term.partition("=")
+        if (group.values.get(k) != v) if eq else (group_variant(group) != k):
+            return False
+    return True
+
+
+def paper_direction(spec: TableSpec, group, base_group, paper: dict) -> str | None:
+    """better | worse | same: what the paper claims for this row against the baseline row. An explicit
+    `paper_direction` entry wins; else the row's numeric `paper` value against the baseline's (the
+    tables' paper metrics are accuracies: higher is better); None when the paper says nothing."""
+    for sel, direction in spec.paper_direction.items():
+        if selects(sel, group):
+            return direction
+    mine, theirs = _number(paper.get(group_variant(group) or "")), _number(paper.get(group_variant(base_group) or ""))
+    if mine is None or theirs is None:
+        return None
+    return "better" if mine > theirs else "worse" if mine < theirs else "same"
+
+
+def _number(text) -> float | None:
+    try:
+        return float(str(text).split()[0].rstrip("%"))
+    except (ValueError, IndexError):
+        return None
+
+
+def direction_verdict(direction: str, d: float, half: float) -> str:
+    """Does Δ ± half (row − baseline, 95% CI) reproduce the paper's direction?
+    better/worse: "reproduced" when the whole interval lies on the paper's side of 0, "contradicted"
+    when it lies wholly on the other side, else "unresolved" with the side Δ itself falls on.
+    same (the paper found no difference): "consistent" when the interval includes 0, else "contradicted"."""
+    if math.isnan(d):
+        return "–"
+    if math.isnan(half):
+        return "n/a (one seed)"
+    low, high = d - half, d + half
+    if direction == "same":
+        return "consistent" if low <= 0 <= high else "contradicted"
+    # Flip a "worse" claim into a "better" one on −Δ: the interval is then [−high, −low].
+    sign = 1 if direction == "better" else -1
+    low, high = (low, high) if sign > 0 else (-high, -low)
+    if low > 0:
+        return "reproduced"
+    if high < 0:
+        return "contradicted"
+    return "unresolved, " + ("paper's side" if sign * d > 0 else "other side" if sign * d < 0 else "Δ = 0")
+
+
 def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
     """Markdown "what we found" computed from the groups, and the numbers behind it; with spec.within
     (e.g. [task]) one such section per block, each row compared with its own block's baseline."""
@@ -57,10 +109,11 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
     rows = []
     for g in groups:
         by_seed = {r.seed: v for r in g.runs_for_stats() if (v := final_value(r, ACC)) is not None}
+        sampled = {r.seed: v for r in g.runs_for_stats() if (v := final_value(r, SAMPLED_ACC)) is not None}
         accs = list(by_seed.values())
         mean, half, n = mean_ci(accs)
         rows.append({"group": g, "label": g.label, "accs": accs, "by_seed": by_seed, "mean": mean, "half": half,
-                     "n": n})
+                     "n": n, "sampled": {"accs": list(sampled.values()), "by_seed": sampled}})
     scored = [r for r in rows if r["n"] > 0]
     if not scored:
         return ("**What we found:** no run completed, so there is nothing to compare (see the failed runs "
@@ -69,18 +122,17 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
     if spec.sft_control and spec.sft_control.paper:
         paper["sft_control"] = spec.sft_control.paper
 
-    def is_base(r) -> bool:
-        if spec.baseline is None:
-            return False
-        if "=" in spec.baseline:
-            k, _, v = spec.baseline.partition("=")
-            return r["group"].values.get(k) == v
-        return group_variant(r["group"]) == spec.baseline
-
-    base = next((r for r in scored if is_base(r)), scored[0])
+    base = next((r for r in scored if spec.baseline is not None and selects(spec.baseline, r["group"])), scored[0])
     best = max(scored, key=lambda r: r["mean"])
     multi = all(r["n"] >= 2 for r in scored)
     diffs = {id(r): difference(r, base) for r in scored if r is not base}
+    # mean@k at the rollout temperature, where the runs measured it (trainer.eval_sampled_k > 0)
+    with_sampled = any(r["sampled"]["accs"] for r in scored)
+    sampled_diffs = {id(r): difference(r["sampled"], base["sampled"]) for r in scored
+                     if r is not base and r["sampled"]["accs"] and base["sampled"]["accs"]}
+    directions = {id(r): paper_direction(spec, r["group"], base["group"], paper) for r in scored if r is not base}
+    with_direction = any(directions.values())
+    verdicts: dict[str, dict] = {}
     halves = [dh for _, dh, _ in diffs.values() if not math.isnan(dh)]
     how = sorted({k for _, _, k in diffs.values()})
     lines = ["**What we found** (computed from the runs below: final greedy held-out accuracy, mean ± 95% CI "
@@ -88,24 +140,39 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
              + ("paired by seed" if how == ["paired"] else "/".join(how) or "none") + ", with its 95% CI"
              + (f"; widest Δ half-width in this table: **{100 * max(halves):.1f} pp**" if halves else "") + "):", ""]
     with_paper = bool(paper)
-    head = "| Row |" + ((" Paper" + (f" ({spec.paper_metric})" if spec.paper_metric else "") + " |") if with_paper
-                       else "") + " Ours: final acc. (%) | Δ vs baseline (pp) | CI overlaps baseline |"
-    lines += [head, "|---|" + ("---:|" if with_paper else "") + "---:|---:|---|"]
+    head = ("| Row |" + ((" Paper" + (f" ({spec.paper_metric})" if spec.paper_metric else "") + " |") if with_paper
+                         else "") + " Ours: final acc. (%) | Δ vs baseline (pp) |"
+            + (" Ours: final mean@k (%) | Δ mean@k (pp) |" if with_sampled else "")
+            + (" Paper's direction | Ours reproduces it? (greedy" + ("; mean@k" if with_sampled else "") + ") |"
+               if with_direction else ""))
+    lines += [head, "|---|" + ("---:|" if with_paper else "") + "---:|---:|" + ("---:|---:|" if with_sampled else "")
+              + ("---|---|" if with_direction else "")]
     for r in rows:
         name = group_variant(r["group"]) or r["label"]
         p = f" {paper.get(group_variant(r['group']) or '', '–')} |" if with_paper else ""
+        empty = " – |" * ((2 if with_sampled else 0) + (2 if with_direction else 0))
         if r["n"] == 0:
-            lines.append(f"| {name} |{p} – (no completed run) | – | – |")
+            lines.append(f"| {name} |{p} – (no completed run) | – |{empty}")
             continue
-        ours = f"{_pct(r['mean'])} ± {_pct(r['half']) if r['n'] > 1 else 'n/a'} (n={r['n']})"
+        ours = _mean_text(r["accs"])
+        sampled = f" {_mean_text(r['sampled']['accs'])} |" if with_sampled else ""
         if r is base:
-            lines.append(f"| {name} (baseline) |{p} {ours} | 0 | – |")
+            lines.append(f"| {name} (baseline) |{p} {ours} | 0 |" + (f"{sampled} 0 |" if with_sampled else "")
+                         + (" – | – |" if with_direction else ""))
             continue
-        d, dh, _ = diffs[id(r)]
-        overlap = "n/a (one seed)" if math.isnan(r["half"]) or math.isnan(base["half"]) else (
-            "yes" if abs(r["mean"] - base["mean"]) <= r["half"] + base["half"] else "no")
-        dtxt = f"{100 * d:+.1f}" + ("" if math.isnan(dh) else f" ± {100 * dh:.1f}")
-        lines.append(f"| {name} |{p} {ours} | {dtxt} | {overlap} |")
+        dtxt = _diff_text(*diffs[id(r)][:2])
+        if with_sampled:
+            sampled += f" {_diff_text(*sampled_diffs[id(r)][:2]) if id(r) in sampled_diffs else '–'} |"
+        direction, verdict = directions[id(r)], ""
+        if with_direction:
+            said = [direction_verdict(direction, *diffs[id(r)][:2])] if direction else []
+            if direction and with_sampled:
+                said.append(direction_verdict(direction, *sampled_diffs[id(r)][:2]) if id(r) in sampled_diffs
+                            else "–")
+            if direction:
+                verdicts[name] = {"paper": direction, "greedy": said[0], **({"sampled": said[1]} if with_sampled else {})}
+            verdict = f" {direction or '–'} | {'; '.join(said) or '–'} |"
+        lines.append(f"| {name} |{p} {ours} | {dtxt} |{sampled}{verdict}")
     lines.append("")
     best_name = group_variant(best["group"]) or best["label"]
     base_name = group_variant(base["group"]) or base["label"]
@@ -125,12 +192,7 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
             summary += f", {100 * d:+.1f} ± {100 * dh:.1f} pp over the baseline {base_name} (CI excludes 0)."
     else:
         summary += " — the baseline itself."
-    numeric = {}
-    for k, v in paper.items():
-        try:
-            numeric[k] = float(str(v).split()[0].rstrip("%"))
-        except ValueError:
-            pass
+    numeric = {k: x for k, v in paper.items() if (x := _number(v)) is not None}
     if numeric:
         paper_best = max(numeric, key=numeric.get)
         agree = "is a tie" if len(tied) > 1 else ("agrees" if paper_best == best_name else "differs")
@@ -144,12 +206,39 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
         summary += " Step-by-step change along the ladder (pp vs the previous rung): " + "; ".join(steps) + "."
     if not multi:
         summary += " (Some rows have a single completed seed: read differences as anecdotes.)"
+    if verdicts:
+        summary += " " + direction_summary(verdicts)
     lines.append(summary)
     return "\n".join(lines), {"best": best_name, "baseline": base_name,
                               "rows": {group_variant(r["group"]) or r["label"]: r["mean"] for r in scored},
                               "diff_vs_baseline": {group_variant(r["group"]) or r["label"]: diffs[id(r)][:2]
                                                    for r in scored if r is not base},
-                              "max_diff_half_width": max(halves) if halves else None}
+                              "max_diff_half_width": max(halves) if halves else None,
+                              "paper_direction": verdicts}
+
+
+def _mean_text(values: list[float]) -> str:
+    mean, half, n = mean_ci(values)
+    return f"{_pct(mean)} ± {_pct(half) if n > 1 else 'n/a'} (n={n})" if n else "–"
+
+
+def _diff_text(d: float, half: float) -> str:
+    return f"{100 * d:+.1f}" + ("" if math.isnan(half) else f" ± {100 * half:.1f}")
+
+
+def direction_summary(verdicts: dict[str, dict]) -> str:
+    """One sentence: on how many rows with a paper direction ours reproduces it, per metric."""
+    parts = []
+    for metric, label in (("greedy", "greedy accuracy"), ("sampled", "mean@k")):
+        said = [v[metric] for v in verdicts.values() if metric in v]
+        if not said:
+            continue
+        counts = {k: sum(s.startswith(k) for s in said) for k in ("reproduced", "consistent", "contradicted",
+                                                                  "unresolved")}
+        parts.append(f"{label}: " + ", ".join(f"{k} {n}" for k, n in counts.items() if n) + f" of {len(said)}")
+    return ("The paper's direction (95% CI of the paired Δ wholly on its side = reproduced; wholly on the "
+            "other side = contradicted; a \"same\" claim is consistent when the CI includes 0) — "
+            + "; ".join(parts) + ".")
 
 
 def legend(plan: Plan) -> str:

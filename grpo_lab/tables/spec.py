@@ -28,6 +28,8 @@ VARIANT_GROUP = "variant"
 RESERVED_KEYS = ("seed", VARIANT_GROUP, "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.searchpath", "logger.group")
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 SCHEMA_NAME = "table_schema"
+# What a paper can claim for a row against the table's baseline row (accuracy higher, lower, equal).
+DIRECTIONS = ("better", "worse", "same")
 
 
 class TableSpecError(ValueError):
@@ -85,6 +87,11 @@ class TableSpec:
     cumulative: bool = False
     # Row to compare every other row with (a variant name, or "key=value" of a sweep); default: the first.
     baseline: Optional[str] = None
+    # What the paper claims for a row against the baseline row: better, worse or same accuracy. Keys
+    # select rows as `baseline` does, several space-separated terms all matching ("algorithm.clip_low=0.1
+    # algorithm.epochs=1"). Rows without an entry take the direction of their numeric `paper` value
+    # against the baseline's; the table then says per row whether ours reproduces it, with the interval.
+    paper_direction: dict[str, str] = field(default_factory=dict)
     # Sweep keys that split the table into blocks, e.g. [task]: every row is compared with the baseline
     # row of its own block, and the SFT control runs once per block (its budget matched to that block's
     # runs, from that block's warm-up checkpoint).
@@ -119,6 +126,7 @@ EXPECTED = {
     "cumulative": "true or false",
     "group_by": "a list of dotted config keys or null",
     "within": "a list of sweep keys, e.g. [task]",
+    "paper_direction": "a mapping of row (variant name or sweep key=value) -> better|worse|same",
     "lab_only_sweep": "a list of sweep keys, e.g. [task]",
     "columns": "a list of column names or null",
     "target": "an accuracy fraction in [0, 1], e.g. 0.65",
@@ -322,6 +330,16 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
     b = spec.baseline
     if b is not None and "=" not in b and b not in names and b != "sft_control":
         errors.append(f"baseline {b!r} is not a variant; variants: {', '.join(names)}")
+    for sel, direction in spec.paper_direction.items():
+        if direction not in DIRECTIONS:
+            errors.append(f"paper_direction[{sel!r}] must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
+        for term in sel.split():
+            k, eq, v = term.partition("=")
+            if not eq and k not in names:
+                errors.append(f"paper_direction: {k!r} is not a variant; variants: {', '.join(names) or '(none)'}")
+            elif eq and v not in spec.sweep.get(k, "").split(","):
+                errors.append(f"paper_direction: {term!r} selects no row; sweep values: "
+                              + (", ".join(f"{sk}={sv}" for sk, sv in spec.sweep.items()) or "(no sweep)"))
     if spec.group_by is not None and not spec.group_by:
         errors.append("`group_by` must be a non-empty list of dotted config keys or null, got []")
     if spec.columns is not None:
