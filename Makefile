@@ -51,7 +51,7 @@ bench-algorithms: venv ## Peak memory and step time of ppo (with critic) vs grpo
 # Paper tables (scripts/make_table.py, conf/table/<name>.yaml): runs under outputs/tables/<name>,
 # table in tables/<name>.md|csv|png. SMOKE=1: one seed, two steps (outputs/smoke/). LAUNCHER=joblib
 # JOBS=2: parallel jobs. SCALE=full: the conf/experiment GPU recipe. ARGS: e.g. --report-only.
-.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks readme-tables
+.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 readme-tables
 
 table-group-size: venv ## Table: GRPO group size G in {2,4,8,16} at a fixed budget of generated samples
 	$(PY) scripts/make_table.py group_size $(ARGS)
@@ -73,6 +73,9 @@ table-kl: venv ## Table: KL beta in {0,0.001,0.04} x estimator k2/k3
 
 table-tasks: venv ## Table: GRPO vs DAPO vs matched-compute SFT on five tasks (greedy and sampled mean@4, 1,000 test items)
 	$(PY) scripts/make_table.py tasks $(ARGS)
+
+table-smollm2: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO on SmolLM2-135M-Instruct, 2 seeds (about 5-6 h on 2 CPU cores; not run here yet)
+	$(PY) scripts/make_table.py smollm2 $(ARGS)
 
 readme-tables: venv ## Regenerate README.md's list of tables from tables/*.md and *_findings.json
 	$(PY) -m grpo_lab.tables.readme

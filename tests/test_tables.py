@@ -18,7 +18,7 @@ from helpers import REPO, TASK, WARMUP
 from grpo_lab.tables.findings import build
 from grpo_lab.tables.launch import unrecorded_jobs
 from grpo_lab.tables.plan import compose_jobs, make_plan, preflight, variant_overrides, variant_yaml, write_variant_files
-from grpo_lab.tables.spec import TableSpecError, load_spec
+from grpo_lab.tables.spec import TableSpecError, load_spec, override_key
 
 TABLES = sorted(p.stem for p in (REPO / "conf" / "table").glob("*.yaml"))
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.yaml"))   # paper-scale GPU recipes
@@ -26,7 +26,9 @@ EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.
 # Jobs at --scale lab and full: dapo, std_norm and clip sweep the task (chain_sum, partial_sums) at lab
 # scale only (lab_only_sweep), so their full-scale recipes run half as many.
 EXPECTED_JOBS = {"group_size": (12, 12), "dapo": (36, 18), "algorithms": (21, 21), "std_norm": (18, 9),
-                 "clip": (36, 18), "kl": (15, 15), "async": (6, 6), "tasks": (30, 30)}
+                 "clip": (36, 18), "kl": (15, 15), "async": (6, 6), "tasks": (30, 30), "smollm2": (8, 8)}
+# The real-model table runs 2 seeds (issue 11: about 40 min a run on this machine); the others 3.
+SEEDS = {"smollm2": [0, 1]}
 
 
 def test_the_issue_tables_exist():
@@ -37,7 +39,7 @@ def test_the_issue_tables_exist():
 def test_table_spec_loads_and_cites_its_paper(name):
     spec = load_spec(name)
     assert "arXiv" in spec.paper_finding
-    assert spec.seeds == [0, 1, 2] and spec.target is not None
+    assert spec.seeds == SEEDS.get(name, [0, 1, 2]) and spec.target is not None
     assert spec.experiment and (REPO / "conf" / "experiment" / f"{spec.experiment}.yaml").is_file()
 
 
@@ -49,7 +51,8 @@ def test_every_job_of_every_table_composes_and_validates(name, scale, tmp_path):
     if name in EXPECTED_JOBS:
         assert n == EXPECTED_JOBS[name][scale == "full"]
     smoke = make_plan(load_spec(name), smoke=True, runs_root=tmp_path / "smoke")
-    assert preflight(smoke) == len(make_plan(load_spec(name), runs_root=tmp_path / "lab").jobs()) // 3  # one seed
+    lab = make_plan(load_spec(name), runs_root=tmp_path / "lab")
+    assert preflight(smoke) == len(lab.jobs()) // len(lab.seeds)  # one seed
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -308,10 +311,13 @@ def test_explicit_directions_select_rows_by_sweep_values_and_judge_mean_at_k_too
 
 
 def smoke_table(name: str, cache: Path, tmp_path: Path) -> subprocess.CompletedProcess:
-    # Extra overrides after `--` make the smoke jobs reuse the session's cached warm-up (conftest).
+    # Extra overrides after `--` make the smoke jobs reuse the session's cached tiny-model warm-up
+    # (conftest); a table whose smoke set turns the warm-up off (the pretrained SmolLM2 recipe) sizes its
+    # own smoke run instead.
+    pretrained = any(override_key(o) == "warmup.max_steps" for o in load_spec(name).smoke)
     return subprocess.run(
         [sys.executable, "scripts/make_table.py", name, "--runs-root", str(tmp_path / "runs"),
-         "--tables-root", str(tmp_path / "tables"), "--", f"cache_dir={cache}", *TASK, *WARMUP],
+         "--tables-root", str(tmp_path / "tables"), "--", f"cache_dir={cache}", *([] if pretrained else TASK + WARMUP)],
         # PYTHONPATH: the script imports this checkout's grpo_lab even where the venv's editable install is another's.
         cwd=REPO, env={**os.environ, "SMOKE": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)},
         capture_output=True, text=True,
