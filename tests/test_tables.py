@@ -251,6 +251,8 @@ def test_findings_report_differences_with_confidence_intervals(tmp_path):
     # Δ is paired by seed: b − a = .10, .09, .11 -> +10.0 ± t_{.975,2}·0.01/√3 = ± 2.5 pp.
     assert "| b | 50 | 71.0 ± 2.5 (n=3) | +10.0 ± 2.5 |" in md
     assert "paired by seed" in md and "widest Δ half-width in this table:" in md
+    # c − a = +.01, −.07, +.05: sd 6.1 pp -> 26 seeds for ±2.5 pp (b's sd of 1 pp needs 3)
+    assert "seeds for ±2.5 pp on every row at the spread observed: **26** (ran 3)" in md
     assert "(CI excludes 0)" in md and "The paper's best row is **b**; our best agrees." in md
     # The paper's direction for b comes from its numbers (50 > 30): the paired CI lies above 0.
     assert "| +10.0 ± 2.5 | better | reproduced |" in md
@@ -258,6 +260,16 @@ def test_findings_report_differences_with_confidence_intervals(tmp_path):
     assert result["findings"]["paper_direction"] == {"b": {"paper": "better", "greedy": "reproduced"}}
     assert "greedy accuracy: reproduced 1 of 1" in md
     assert "| c | 3 ok / 1 failed |" in md and "RuntimeError: boom" in md and "job `dead`" in md
+
+
+def test_seeds_for_a_half_width_by_hand():
+    from grpo_lab.report.stats import seeds_for_half_width
+
+    assert seeds_for_half_width(0.02, 0.025) == 5       # t_{.975,4}·2/√5 = 2.48 pp; 4 seeds: 3.18
+    assert seeds_for_half_width(0.01, 0.025) == 3       # 4.30·1/√3 = 2.48
+    assert seeds_for_half_width(0.001, 0.025) == 2      # never fewer than 2 (no interval from one seed)
+    assert seeds_for_half_width(float("nan"), 0.025) is None
+    assert seeds_for_half_width(1.0, 0.025, max_seeds=50) is None
 
 
 @pytest.mark.parametrize("direction, d, half, verdict", [

@@ -172,6 +172,21 @@ def paired_diff_ci(a: dict, b: dict, confidence: float = 0.95) -> tuple[float, f
     return mean, half, n
 
 
+def seeds_for_half_width(sd: float, half_width: float, confidence: float = 0.95, max_seeds: int = 1000) -> int | None:
+    """Fewest seeds n (≥ 2) whose Student-t interval t_{(1+confidence)/2, n−1} · sd / √n is at most
+    `half_width`, for paired differences with standard deviation `sd` (e.g. one estimated from a
+    table's seeds); None when sd is nan or more than `max_seeds` would be needed.
+
+    Example: sd = 2 pp, ±2.5 pp -> 5 seeds (t_{.975,4} · 2/√5 = 2.48; 4 seeds give 3.18).
+    """
+    if math.isnan(sd):
+        return None
+    for n in range(2, max_seeds + 1):
+        if t_ppf(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n) <= half_width:
+            return n
+    return None
+
+
 def first_reach(xs: Sequence[float], ys: Sequence[float | None], target: float) -> float | None:
     """First x (e.g. samples or steps) at which y >= target, or None if it never gets there.
 

@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 import math
 
-from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, paired_diff_ci, welch_diff_ci
+from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, paired_diff_ci, t_ppf, welch_diff_ci
+from grpo_lab.report.stats import seeds_for_half_width
 from grpo_lab.report.table import ACC, SAMPLED_ACC, final_value
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import VARIANT_GROUP, TableSpec, override_key
+
+
+# The resolution a lab table aims for: a paired Δ known to ±2.5 points (95 %), so that a 5-point effect shows.
+TARGET_HALF_WIDTH = 0.025
 
 
 def _pct(x: float) -> str:
@@ -134,11 +139,19 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
     with_direction = any(directions.values())
     verdicts: dict[str, dict] = {}
     halves = [dh for _, dh, _ in diffs.values() if not math.isnan(dh)]
+    # Seeds that would bring every paired Δ of this block to ±TARGET_HALF_WIDTH, at the spread observed
+    # (sd of the per-seed differences = half·√n / t_{n−1}).
+    needed = [seeds_for_half_width(dh * math.sqrt(n) / t_ppf(0.975, n - 1), TARGET_HALF_WIDTH)
+              for _, dh, n in (paired_diff_ci(r["by_seed"], base["by_seed"]) for r in scored if r is not base)
+              if n >= 2]
+    seeds_needed = None if not needed or None in needed else max(needed)
     how = sorted({k for _, _, k in diffs.values()})
     lines = ["**What we found** (computed from the runs below: final greedy held-out accuracy, mean ± 95% CI "
              "over completed seeds; Δ = difference to the baseline row, "
              + ("paired by seed" if how == ["paired"] else "/".join(how) or "none") + ", with its 95% CI"
-             + (f"; widest Δ half-width in this table: **{100 * max(halves):.1f} pp**" if halves else "") + "):", ""]
+             + (f"; widest Δ half-width in this table: **{100 * max(halves):.1f} pp**" if halves else "")
+             + (f"; seeds for ±{100 * TARGET_HALF_WIDTH:.1f} pp on every row at the spread observed: "
+                f"**{seeds_needed}** (ran {max(r['n'] for r in scored)})" if seeds_needed else "") + "):", ""]
     with_paper = bool(paper)
     head = ("| Row |" + ((" Paper" + (f" ({spec.paper_metric})" if spec.paper_metric else "") + " |") if with_paper
                          else "") + " Ours: final acc. (%) | Δ vs baseline (pp) |"
@@ -214,6 +227,7 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
                               "diff_vs_baseline": {group_variant(r["group"]) or r["label"]: diffs[id(r)][:2]
                                                    for r in scored if r is not base},
                               "max_diff_half_width": max(halves) if halves else None,
+                              "seeds_for_target_half_width": seeds_needed,
                               "paper_direction": verdicts}
 
 
