@@ -74,7 +74,7 @@ table-kl: venv ## Table: KL beta in {0,0.001,0.04} x estimator k2/k3
 table-tasks: venv ## Table: GRPO vs DAPO vs matched-compute SFT on five tasks (greedy and sampled mean@4, 1,000 test items)
 	$(PY) scripts/make_table.py tasks $(ARGS)
 
-table-smollm2: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO on SmolLM2-135M-Instruct, 2 seeds (about 5-6 h on 2 CPU cores; not run here yet)
+table-smollm2: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO on SmolLM2-135M-Instruct, 2 seeds (about 8 h on 2 CPU cores; not run here yet)
 	$(PY) scripts/make_table.py smollm2 $(ARGS)
 
 readme-tables: venv ## Regenerate README.md's list of tables from tables/*.md and *_findings.json
