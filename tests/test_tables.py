@@ -314,8 +314,10 @@ def test_explicit_directions_select_rows_by_sweep_values_and_judge_mean_at_k_too
     md = result["md"].read_text()
     # 0.9 − 1.0 = −.10, −.09, −.10 greedy and the same for mean@k: −9.7 ± 1.4, below 0 -> reproduced twice.
     # 0.8 − 1.0 = 0, +.01, 0 greedy (CI includes 0: consistent); mean@k −.10, −.09, −.10 (contradicted).
-    assert "| t0.9 | 51.3 ± 3.8 (n=3) | -9.7 ± 1.4 | 41.3 ± 3.8 (n=3) | -9.7 ± 1.4 | worse | reproduced; reproduced |" in md
-    assert "| t0.8 | 61.3 ± 3.8 (n=3) | +0.3 ± 1.4 | 41.3 ± 3.8 (n=3) | -9.7 ± 1.4 | same | consistent; contradicted |" in md
+    assert ("| t0.9 | 51.3 ± 3.8 (n=3) | -9.7 ± 1.4 | 41.3 ± 3.8 (n=3) | -9.7 ± 1.4 | worse | "
+            "reproduced; reproduced |") in md
+    assert ("| t0.8 | 61.3 ± 3.8 (n=3) | +0.3 ± 1.4 | 41.3 ± 3.8 (n=3) | -9.7 ± 1.4 | same | "
+            "consistent; contradicted |") in md
     assert "| t1.0 (baseline) | 61.0 ± 2.5 (n=3) | 0 | 51.0 ± 2.5 (n=3) | 0 | – | – |" in md
     found = result["findings"]["paper_direction"]
     assert found["t0.8"] == {"paper": "same", "greedy": "consistent", "sampled": "contradicted"}

@@ -183,7 +183,7 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
                 said.append(direction_verdict(direction, *sampled_diffs[id(r)][:2]) if id(r) in sampled_diffs
                             else "–")
             if direction:
-                verdicts[name] = {"paper": direction, "greedy": said[0], **({"sampled": said[1]} if with_sampled else {})}
+                verdicts[name] = dict(zip(("paper", "greedy", "sampled"), [direction, *said]))
             verdict = f" {direction or '–'} | {'; '.join(said) or '–'} |"
         lines.append(f"| {name} |{p} {ours} | {dtxt} |{sampled}{verdict}")
     lines.append("")
