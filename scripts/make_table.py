@@ -5,6 +5,7 @@
     SMOKE=1 python scripts/make_table.py group_size     # same pipeline: one seed, two steps, tiny warm-up
     LAUNCHER=joblib JOBS=2 python scripts/make_table.py clip   # jobs in parallel (hydra/launcher=joblib)
     python scripts/make_table.py dapo --report-only     # rebuild the table from the runs on disk
+    python scripts/make_table.py std_norm --add-seeds 3,4   # more seeds into the same table (same extras)
     python scripts/make_table.py dapo --dry-run         # print the command, launch nothing
     python scripts/make_table.py dapo --scale full      # the paper-scale recipe (conf/experiment/...)
     python scripts/make_table.py dapo -- cache_dir=/tmp/c   # extra overrides for every job
@@ -32,7 +33,8 @@ from pathlib import Path
 
 from grpo_lab.tables import TableSpecError, load_spec, make_plan, preflight
 from grpo_lab.tables.findings import build
-from grpo_lab.tables.launch import archive_previous, machine_description, run_table
+from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, machine_description, merge_added_seeds,
+                                    run_table, seeds_on_disk)
 from grpo_lab.tables import readme as readme_tables
 
 
@@ -56,6 +58,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "2")), help="joblib: parallel jobs")
     p.add_argument("--seeds", help="comma list overriding the table's seeds")
     p.add_argument("--variants", help="comma list: run only these variants")
+    p.add_argument("--add-seeds", help="comma list: run these further seeds into the table's existing runs (same "
+                                       "extra overrides as the first launch) and rebuild it from all of them; "
+                                       "warm-ups are cached per seed, so only the new seeds cost")
     p.add_argument("--runs-root", type=Path, help="where run dirs go (default outputs/tables or outputs/smoke/runs)")
     p.add_argument("--tables-root", type=Path, help="where the table goes (default tables/ or outputs/smoke/tables)")
     p.add_argument("--report-only", action="store_true", help="rebuild the table from the runs on disk")
@@ -70,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.table)
         plan = make_plan(spec, smoke=args.smoke, scale=args.scale, extra=extra, runs_root=args.runs_root,
                          tables_root=args.tables_root, launcher=args.launcher, jobs=args.jobs,
-                         seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
+                         seeds=[int(s) for s in (args.add_seeds or args.seeds).split(",")]
+                         if (args.add_seeds or args.seeds) else None,
                          only=args.variants.split(",") if args.variants else None)
     except TableSpecError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -97,7 +103,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     created = not plan.runs_dir.exists()
-    if not args.dry_run:
+    previous = None
+    if args.add_seeds:
+        # Checked before anything runs: the new seeds join rows of the same jobs, never replace runs.
+        meta = plan.runs_dir / "table_meta.json"
+        problem = None
+        if args.seeds or args.smoke or args.report_only:
+            problem = "--add-seeds cannot be combined with --seeds, --smoke or --report-only"
+        elif not meta.exists():
+            problem = f"{meta} does not exist: run the table first (without --add-seeds)"
+        else:
+            previous = json.loads(meta.read_text())
+            taken = sorted(seeds_on_disk(plan.runs_dir) & set(plan.seeds))
+            if taken:
+                problem = f"seed(s) {taken} already have runs in {plan.runs_dir}; choose seeds it does not hold"
+            elif jobs_but_seeds(previous.get("launch_command", [])) != jobs_but_seeds(plan.command):
+                problem = (f"these jobs differ from the table's first launch (`{previous.get('command')}`) in more "
+                           "than their seeds: pass the same variants and `--` overrides")
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    elif not args.dry_run:
         archived = archive_previous(plan.runs_dir)
         if archived:
             print(f"[make_table] moved the previous runs of {spec.name} to {archived}", file=sys.stderr)
@@ -115,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     rc, wall_s = run_table(plan, n_jobs, header, launch_notes)
+    if previous is not None:
+        meta = plan.runs_dir / "table_meta.json"
+        merged = merge_added_seeds(previous, json.loads(meta.read_text()), invocation)
+        meta.write_text(json.dumps(merged, indent=2))
+        header = {k: merged[k] for k in ("command", "machine", "date")}
+        launch_notes = merged["launch_notes"]
     try:
         result = build(plan, header_extra=header, launch_notes=launch_notes)
     except Exception as e:  # e.g. no run dir at all: say so rather than a bare traceback

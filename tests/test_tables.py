@@ -480,3 +480,54 @@ def test_within_must_name_a_sweep_key(tmp_path):
             within: [task]
             target: 0.6
         """))
+
+
+def test_added_seeds_join_the_same_jobs_and_keep_the_first_launch_as_the_tables_header():
+    from grpo_lab.tables.launch import jobs_but_seeds, merge_added_seeds
+
+    first = ["python", "-m", "grpo_lab.train", "-m", "+variant=a,b", "task.test_size=1000", "seed=0,1,2",
+             "logger.group=table-t-1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    added = ["python", "-m", "grpo_lab.train", "-m", "+variant=a,b", "task.test_size=1000", "seed=3",
+             "logger.group=table-t-2"]
+    assert jobs_but_seeds(first) == jobs_but_seeds(added)      # seeds, wandb group and launcher may differ
+    assert jobs_but_seeds(first) != jobs_but_seeds(added + ["trainer.total_steps=10"])  # a changed job may not
+    merged = merge_added_seeds(
+        {"command": "make_table.py t", "machine": "m", "date": "d0; wall time 5.0 min for 6 jobs",
+         "launch_notes": ["warm-up (9 s)"]},
+        {"seeds": [3], "date": "d1; wall time 2.0 min for 2 jobs", "exit_code": 0, "launch_notes": ["warm-up (9 s)",
+                                                                                                   "job x failed"]},
+        "make_table.py t --add-seeds 3")
+    assert merged["command"] == "make_table.py t" and merged["machine"] == "m"
+    assert merged["date"] == "d0; wall time 5.0 min for 6 jobs; seeds 3 added d1; wall time 2.0 min for 2 jobs"
+    assert merged["launch_notes"] == ["warm-up (9 s)", "seeds 3 added by `make_table.py t --add-seeds 3` on d1; "
+                                      "wall time 2.0 min for 2 jobs (exit 0)", "job x failed"]
+
+
+def test_add_seeds_refuses_before_running_anything(tmp_path):
+    """--add-seeds: no first launch, a seed the table already holds, or jobs that differ in more than their
+    seeds each fail in seconds with what to change, and nothing on disk moves."""
+    spec_path = write_spec(tmp_path, """
+        title: t
+        paper_finding: "x (arXiv 0000.00000)"
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0]}
+          - {name: b, overrides: [rollout.temperature=0.9]}
+    """)
+
+    def add(*args):
+        return subprocess.run([sys.executable, "scripts/make_table.py", str(spec_path), "--runs-root",
+                               str(tmp_path / "runs"), *args], cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+
+    proc = add("--add-seeds", "3")
+    assert proc.returncode == 2 and "run the table first (without --add-seeds)" in proc.stderr
+    plan = make_plan(load_spec(spec_path), runs_root=tmp_path / "runs")
+    for v in ("a", "b"):
+        _fake_run(plan.runs_dir / f"{v}0", v, 0, 0.5)
+    (plan.runs_dir / "table_meta.json").write_text(json.dumps({"command": "first", "launch_command": plan.command}))
+    before = sorted(p.name for p in plan.runs_dir.iterdir())
+    proc = add("--add-seeds", "0")
+    assert proc.returncode == 2 and "seed(s) [0] already have runs" in proc.stderr
+    proc = add("--add-seeds", "3", "--", "trainer.total_steps=10")
+    assert proc.returncode == 2 and "differ from the table's first launch (`first`) in more than their seeds" in proc.stderr
+    assert sorted(p.name for p in plan.runs_dir.iterdir()) == before

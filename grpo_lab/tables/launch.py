@@ -61,6 +61,35 @@ def archive_previous(runs_dir: Path) -> Path | None:
     return dest
 
 
+def seeds_on_disk(runs_dir: Path) -> set[int]:
+    """Seeds of the runs a table's runs directory already holds (completed or not)."""
+    from grpo_lab.report import NoRunsFound, load_runs
+
+    try:
+        return {r.seed for r in load_runs([runs_dir])}
+    except NoRunsFound:
+        return set()
+
+
+def jobs_but_seeds(command: list[str]) -> list[str]:
+    """A multirun command without the parts that may differ between two launches of the same table's jobs
+    (seeds, the wandb group's time stamp, how jobs are launched): equal for launches whose rows may merge."""
+    return [c for c in command if not c.startswith(("seed=", "logger.group=", "hydra/launcher=", "hydra.launcher."))]
+
+
+def merge_added_seeds(previous: dict, added: dict, invocation: str) -> dict:
+    """table_meta.json after `--add-seeds`: the first launch's command, machine and date stay the table's;
+    the added launch becomes a launch note with its own date, wall time and exit status."""
+    merged = dict(previous)
+    note = (f"seeds {','.join(map(str, added['seeds']))} added by `{invocation}` on {added['date']} "
+            f"(exit {added['exit_code']})")
+    merged["launch_notes"] = previous.get("launch_notes", []) + [note] + [
+        n for n in added.get("launch_notes", []) if n not in previous.get("launch_notes", [])]
+    merged["date"] = f"{previous['date']}; seeds {','.join(map(str, added['seeds']))} added {added['date']}"
+    merged["added_launches"] = previous.get("added_launches", []) + [added]
+    return merged
+
+
 def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
     """Run `cmd`, streaming its output to the console and to `log`."""
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true",
@@ -177,5 +206,5 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str]) ->
         f" + {len(plan.seeds) * len(plan.blocks())} SFT controls" if spec.sft_control else "")
     (plan.runs_dir / "table_meta.json").write_text(json.dumps(
         {**header, "launch_notes": launch_notes, "wall_time_s": wall_s, "jobs": n_jobs, "exit_code": rc,
-         "launch_command": plan.command}, indent=2))
+         "launch_command": plan.command, "seeds": plan.seeds}, indent=2))
     return rc, wall_s
