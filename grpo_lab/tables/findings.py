@@ -10,7 +10,7 @@ from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, paired
 from grpo_lab.report.stats import seeds_for_half_width
 from grpo_lab.report.table import ACC, SAMPLED_ACC, final_value
 from grpo_lab.tables.plan import Plan
-from grpo_lab.tables.spec import VARIANT_GROUP, TableSpec, override_key
+from grpo_lab.tables.spec import VARIANT_GROUP, TableSpec, override_key, selector_terms
 
 
 # The resolution a lab table aims for: a paired Δ known to ±2.5 points (95 %), so that a 5-point effect shows.
@@ -43,11 +43,8 @@ def difference(row: dict, base: dict) -> tuple[float, float, str]:
 def selects(selector: str, group) -> bool:
     """Whether a row selector (as `baseline` and `paper_direction` keys: a variant name or key=value,
     several space-separated terms all matching) picks this row."""
-    for term in selector.split():
-        k, eq, v = term.partition("=")
-        if (group.values.get(k) != v) if eq else (group_variant(group) != k):
-            return False
-    return True
+    return all(group.values.get(k) == v if v is not None else group_variant(group) == k
+               for k, v in selector_terms(selector))
 
 
 def paper_direction(spec: TableSpec, group, base_group, paper: dict) -> str | None:

@@ -32,6 +32,12 @@ SCHEMA_NAME = "table_schema"
 DIRECTIONS = ("better", "worse", "same")
 
 
+def selector_terms(selector: str) -> list[tuple[str, str | None]]:
+    """A row selector (`baseline`, `paper_direction` keys) as (key, value) terms: "a.b=1 c=2" ->
+    [("a.b", "1"), ("c", "2")]; a bare variant name -> [(name, None)]. A row matches when all terms do."""
+    return [(k, v if eq else None) for k, eq, v in (t.partition("=") for t in selector.split())]
+
+
 class TableSpecError(ValueError):
     """A conf/table/*.yaml that cannot work; the message lists every problem and what to change."""
 
@@ -333,12 +339,11 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
     for sel, direction in spec.paper_direction.items():
         if direction not in DIRECTIONS:
             errors.append(f"paper_direction[{sel!r}] must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
-        for term in sel.split():
-            k, eq, v = term.partition("=")
-            if not eq and k not in names:
+        for k, v in selector_terms(sel):
+            if v is None and k not in names:
                 errors.append(f"paper_direction: {k!r} is not a variant; variants: {', '.join(names) or '(none)'}")
-            elif eq and v not in spec.sweep.get(k, "").split(","):
-                errors.append(f"paper_direction: {term!r} selects no row; sweep values: "
+            elif v is not None and v not in spec.sweep.get(k, "").split(","):
+                errors.append(f"paper_direction: {f'{k}={v}'!r} selects no row; sweep values: "
                               + (", ".join(f"{sk}={sv}" for sk, sv in spec.sweep.items()) or "(no sweep)"))
     if spec.group_by is not None and not spec.group_by:
         errors.append("`group_by` must be a non-empty list of dotted config keys or null, got []")
