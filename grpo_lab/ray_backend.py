@@ -185,6 +185,11 @@ class RemoteLearner:
     def load_state(self, policy_dir, state: dict) -> None:
         self._call("load_state", str(policy_dir), state)
 
+    def close(self) -> None:
+        """The loop's end-of-run call (a LearnerGroup releases its ranks there); the actor itself ends
+        with the session (`RemoteEngine.close`)."""
+        self._call("close")
+
     @property
     def device(self) -> torch.device:
         return torch.device(self._get(self._actor.device.remote()))
