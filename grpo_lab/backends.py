@@ -24,6 +24,23 @@ def local(cfg):
     return distributed.make_learner, make_engine
 
 
+@TRAINER_BACKENDS.register("engine_process")
+def engine_process(cfg):
+    """The learner in this process, the rollout engine (vLLM's client included) in a child process, so
+    that with trainer.max_staleness=1 the client's Python work runs beside the learner instead of
+    taking turns with it on one interpreter (grpo_lab/rollout/engine_process.py)."""
+    import torch
+
+    from grpo_lab.learner import distributed
+    from grpo_lab.rollout.engine_process import EngineProcess
+
+    def build_engine(model_dir, rollout_cfg, *, seed, device):
+        # The learner's thread budget (train() set it): the HF engine generates with it in the child.
+        return EngineProcess(model_dir, rollout_cfg, seed=seed, device=device, num_threads=torch.get_num_threads())
+
+    return distributed.make_learner, build_engine
+
+
 @TRAINER_BACKENDS.register("ray", requires_module="ray")
 def ray(cfg):
     """Ray actors in one placement group, behind proxies with the same methods (grpo_lab/ray_backend.py)."""

@@ -391,7 +391,10 @@ class TrainerConfig:
     # Steps whose rewards, loss or gradient norm are not finite are skipped (no optimizer step, counted
     # as actor/skipped_steps); the run fails once more than this many were skipped.
     max_bad_steps: int = 3
-    # Where the learner and the rollout engine run: "local" (this process) or "ray" (Ray actors in a placement group; RAY_ADDRESS = an existing cluster, else a local one; grpo_lab/ray_backend.py).
+    # Where the learner and the rollout engine run: "local" (this process), "engine_process" (the learner
+    # here, the engine with vLLM's client in a child process: what trainer.max_staleness=1 wants;
+    # grpo_lab/rollout/engine_process.py) or "ray" (Ray actors in a placement group; RAY_ADDRESS = an
+    # existing cluster, else a local one; grpo_lab/ray_backend.py).
     backend: str = "local"
 
 

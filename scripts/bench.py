@@ -16,9 +16,10 @@ so a slow patch of this shared 2-core machine does not land on one side only):
                the step; the step is rollout + learner + new push measured here (rewards ~5 ms,
                issue 10, left out).
 4. overlap   — whole-loop step time with trainer.max_staleness=0 vs 1 (median perf/step_time_s
-               of `python -m grpo_lab.train` runs), when the key exists; and, with ray installed,
-               max_staleness=1 with the engine as a Ray actor (trainer.backend=ray) against the
-               same synchronous runs. The three settings run in rotating order.
+               of `python -m grpo_lab.train` runs), when the key exists; and max_staleness=1 with
+               the engine in a child process (trainer.backend=engine_process) and, with ray
+               installed, as a Ray actor (trainer.backend=ray), against the same synchronous runs.
+               The settings run in rotating order.
 5. TRL       — the whole RL phase of `python -m grpo_lab.train` (sum of perf/step_time_s: no
                start-up, warm-up or evals) vs TRL `GRPOTrainer.train()` (its own venv under
                .cache/trl_venv, trl==1.16.0, built with `-c requirements.lock`), same warm-up
@@ -181,14 +182,16 @@ def step_times(lines: list[dict]) -> list[float]:
 
 
 def bench_overlap(cfg, overrides: list[str], steps: int, reps: int, tmp: Path) -> dict | str:
-    """Median step time of the synchronous loop and of the overlapped one (max_staleness=1), in this
-    process and with the engine in its own Ray actor (trainer.backend=ray, when ray is installed), the
-    three run in rotating order. In one process vLLM's client (request fan-out, output and logprob
-    processing) shares the interpreter with the learner; as an actor it does not."""
+    """Median step time of the synchronous loop and of the overlapped one (max_staleness=1): in this
+    process, with the engine in a child process (trainer.backend=engine_process) and as a Ray actor
+    (trainer.backend=ray, when ray is installed), in rotating order. In one process vLLM's client
+    (request fan-out, output and logprob processing) shares the interpreter with the learner; in a
+    child process or an actor it does not."""
     if "max_staleness" not in cfg.trainer:
         return "not available (trainer.max_staleness missing)"
     base = [*overrides, f"trainer.total_steps={steps}", "trainer.eval_every=0", "trainer.save_checkpoint=false"]
-    settings = {"sync": ["trainer.max_staleness=0"], "overlap": ["trainer.max_staleness=1"]}
+    settings = {"sync": ["trainer.max_staleness=0"], "overlap": ["trainer.max_staleness=1"],
+                "overlap_child": ["trainer.max_staleness=1", "trainer.backend=engine_process"]}
     if importlib.util.find_spec("ray") is not None:
         settings["overlap_ray"] = ["trainer.max_staleness=1", "trainer.backend=ray"]
     times: dict[str, list[float]] = {k: [] for k in settings}
@@ -364,6 +367,8 @@ def main() -> None:
             else:
                 lines.append(row("overlap", ov["overlap"], ov["sync"], "max_staleness=1 step ms",
                                  "max_staleness=0 step ms", "target <= 0.71x (>= 1.4x faster)"))
+                lines.append(row("", ov["overlap_child"], ov["sync"], "... engine in a child process step ms",
+                                 "max_staleness=0 step ms", "(trainer.backend=engine_process)"))
                 if "overlap_ray" in ov:
                     lines.append(row("", ov["overlap_ray"], ov["sync"], "... engine as a Ray actor step ms",
                                      "max_staleness=0 step ms", "(trainer.backend=ray)"))
