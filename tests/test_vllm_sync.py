@@ -27,15 +27,19 @@ def logprobs_under(model, rollout, pad_id):
         return token_logprobs(completion_logits(model, batch), batch["completion_ids"]), batch
 
 
-def test_engine_follows_the_learner_after_a_push(tmp_path):
+@pytest.mark.parametrize("where", ["this_process", "child_process"])
+def test_engine_follows_the_learner_after_a_push(tmp_path, where):
     from transformers import AutoTokenizer
 
     from grpo_lab.rollout import make_engine
+    from grpo_lab.rollout.engine_process import EngineProcess
 
     model_dir = MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet="0123456789+-=", seed=0)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     learner = Learner(model_dir, learner_cfg=LEARNER, algo_cfg=ALGO, temperature=1.0, seed=0, max_completion_len=6)
-    engine = make_engine(model_dir, ROLLOUT, seed=0)
+    # child_process: trainer.backend=engine_process (weights through shared memory, a push per update).
+    engine = make_engine(model_dir, ROLLOUT, seed=0) if where == "this_process" else \
+        EngineProcess(model_dir, ROLLOUT, seed=0)
     try:
         prompts = [encode_prompt(tok, p) for p in ("12+34=", "55-17=", "90-9=", "7+71=")]
         sample = lambda seed: engine.generate(prompts, n=4, temperature=1.0, top_p=1.0,  # noqa: E731
@@ -47,20 +51,23 @@ def test_engine_follows_the_learner_after_a_push(tmp_path):
         mask = batch["response_mask"].bool()
         assert (learner_lp - batch["sampler_logprobs"])[mask].abs().max() < 1e-3
 
-        # One real update (random advantages: every sequence gets a gradient), then the push.
-        old_policy = copy.deepcopy(learner.policy)
-        learner.score(batch)
-        batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).clone()
-        batch["loss_mask"] = batch["response_mask"]
-        learner.update(batch)
-        engine.load_weights(learner.weights_for_sync())
+        # A real update (random advantages: every sequence gets a gradient), then the push; twice, since
+        # a second push of the same parameter storages is where a changed-only filter can go wrong.
+        for push in (1, 2):
+            old_policy = copy.deepcopy(learner.policy)
+            learner.score(batch)
+            batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).clone()
+            batch["loss_mask"] = batch["response_mask"]
+            learner.update(batch)
+            engine.load_weights(learner.weights_for_sync())
 
-        second = sample(2)
-        new_lp, batch2 = logprobs_under(learner.policy, second, tok.pad_token_id)
-        old_lp, _ = logprobs_under(old_policy, second, tok.pad_token_id)
-        mask2 = batch2["response_mask"].bool()
-        engine_lp = batch2["sampler_logprobs"]
-        assert (new_lp - engine_lp)[mask2].abs().max() < 1e-3          # the engine runs the new weights
-        assert (old_lp - engine_lp)[mask2].abs().max() > 1e-2          # ... not the old ones
+            second = sample(1 + push)
+            new_lp, batch2 = logprobs_under(learner.policy, second, tok.pad_token_id)
+            old_lp, _ = logprobs_under(old_policy, second, tok.pad_token_id)
+            mask2 = batch2["response_mask"].bool()
+            engine_lp = batch2["sampler_logprobs"]
+            assert (new_lp - engine_lp)[mask2].abs().max() < 1e-3, push   # the engine runs the new weights
+            assert (old_lp - engine_lp)[mask2].abs().max() > 1e-2, push   # ... not the old ones
+            batch = batch2
     finally:
         engine.close()

@@ -104,7 +104,13 @@ class EngineProcess:
 
     def __init__(self, model_dir: Path, rollout_cfg, *, seed: int, device: str = "cpu", num_threads: int = 1):
         config = OmegaConf.to_container(rollout_cfg, resolve=True) if OmegaConf.is_config(rollout_cfg) \
-            else dict(rollout_cfg)
+            else dict(vars(rollout_cfg) if hasattr(rollout_cfg, "__dict__") else rollout_cfg)
+        # The engine's changed-only filter keys tensors by storage address and version counter. Tensors
+        # that arrive through shared memory are new objects at version 0, and torch maps a storage it has
+        # seen before at the same address: after the first push every tensor would look unchanged and
+        # the engine would keep its old weights (measured: |log π_learner − log π_sampler| 0.128 per token
+        # vs 0.015, and no learning, in the async table's first run of this backend). Send everything.
+        config["sync_changed_only"] = False
         self._conn, child = _SPAWN.Pipe()
         # Not a daemon: the engine starts processes of its own (vLLM's EngineCore), which daemons may not.
         self._proc = _SPAWN.Process(target=_serve, name="grpo_lab-engine", daemon=False,
