@@ -398,18 +398,42 @@ def test_the_readme_lists_exactly_what_the_committed_tables_say():
 def test_readme_rows_come_from_the_table_files(tmp_path):
     from grpo_lab.tables import readme
 
-    (tmp_path / "t.md").write_text("# A title\n\n- **Command:** `make table-t`\n- **Date:** x; wall time 3.5 min for 6 jobs\n\n"
+    (tmp_path / "t.md").write_text("# A title\n\n- **Command:** `make table-t`\n"
+                                   "- **Date:** x; wall time 3.5 min for 6 jobs; seeds 3 added y; wall time 1.0 min for 2 jobs\n\n"
+                                   "**What we found** (... widest Δ half-width: **2.0 pp**; seeds ...: **3** (ran 4)):\n\n"
                                    "Best mean final accuracy: **b** (60.0%), +10.0 ± 2.0 pp over the baseline a (CI excludes 0).\n")
-    (tmp_path / "t_findings.json").write_text(json.dumps({"rows": {"a": 0.5, "b": 0.6}}))
+    (tmp_path / "t_findings.json").write_text(json.dumps(
+        {"rows": {"a": 0.5, "b": 0.6}, "max_diff_half_width": 0.02, "seeds_for_target_half_width": 3}))
     (tmp_path / "smoke.md").write_text("# no findings beside it: not listed\n")
     block = readme.render(tmp_path)
-    assert ("| [t](tables/t.md) | A title | `make table-t` | 3.5 min | a 50.0, b 60.0 % | Best mean final accuracy: "
+    assert ("| [t](tables/t.md) | A title | `make table-t` | 4.5 min in 2 launches | a 50.0, b 60.0 % | "
+            "2.0 pp (4 seeds; 3 for ±2.5) | Best mean final accuracy: "
             "**b** (60.0%), +10.0 ± 2.0 pp over the baseline a (CI excludes 0). |") in block
     assert "smoke" not in block
     text = f"intro\n{readme.BEGIN}\nold rows\n{readme.END}\noutro\n"
     assert readme.updated(text, tmp_path) == f"intro\n{block}\noutro\n"
     with pytest.raises(ValueError, match="no generated tables block"):
         readme.updated("no markers", tmp_path)
+
+
+def test_readme_lists_every_block_of_a_table(tmp_path):
+    """A table with one baseline per task lists each block's numbers and finding (the second block's
+    finding was once left out of the README)."""
+    from grpo_lab.tables import readme
+
+    (tmp_path / "b.md").write_text(
+        "# Blocks\n\n- **Command:** `make table-b`\n- **Date:** x; wall time 2.0 min for 4 jobs\n\n"
+        "*task=p*\n\n**What we found** (...: **5** (ran 3)):\n\nBest mean final accuracy: **y** (30.0%), first.\n\n"
+        "*task=q*\n\n**What we found** (...: **4** (ran 3)):\n\nBest mean final accuracy: **x** (50.0%), second.\n")
+    block = {"task=p": {"rows": {"task=p x": 0.2, "task=p y": 0.3}, "max_diff_half_width": 0.031,
+                        "seeds_for_target_half_width": 5},
+             "task=q": {"rows": {"task=q, x": 0.5, "task=q, y": 0.4}, "max_diff_half_width": 0.029,
+                        "seeds_for_target_half_width": 4}}
+    (tmp_path / "b_findings.json").write_text(json.dumps({"blocks": block, "rows": {}}))
+    row = readme.table_row(tmp_path / "b.md")
+    assert "| 2.0 min | *task=p*: x 20.0, y 30.0; *task=q*: x 50.0, y 40.0 % |" in row
+    assert "| *task=p*: 3.1 pp (3 seeds; 5 for ±2.5); *task=q*: 2.9 pp (3 seeds; 4 for ±2.5) |" in row
+    assert "*task=p*: Best mean final accuracy: **y** (30.0%), first. *task=q*: Best mean final accuracy: **x**" in row
 
 
 def test_blocks_compare_each_row_with_their_own_baseline(tmp_path):

@@ -3,9 +3,10 @@
     python -m grpo_lab.tables.readme            # rewrite the block in README.md (make readme-tables)
     python -m grpo_lab.tables.readme --check    # exit 1 when README.md is out of date (what the test asks)
 
-Each row comes from `tables/<name>.md` (title, command, wall time, the computed "Best mean final
-accuracy" sentence) and `tables/<name>_findings.json` (every row's mean final accuracy), so the README
-says exactly what the table files say. `scripts/make_table.py` refreshes the block after writing a
+Each row comes from `tables/<name>.md` (title, command, wall time of every launch, the computed "Best
+mean final accuracy" sentence of every block, seeds run) and `tables/<name>_findings.json` (every row's
+mean final accuracy, the widest paired-difference half-width and the seeds it would take to bring it to
+±2.5 pp), so the README says exactly what the table files say. `scripts/make_table.py` refreshes the block after writing a
 table into the project's tables/ directory.
 """
 
@@ -22,26 +23,54 @@ BEGIN = "<!-- tables:begin: generated from tables/*.md by `make readme-tables`; 
 END = "<!-- tables:end -->"
 
 
+def _short(row: str, block: str) -> str:
+    """A row's label without the block's own settings: "task=chain_sum, clip_low=0.1" in block
+    "task=chain_sum" -> "clip_low=0.1"."""
+    own = set(block.split())
+    return ", ".join(part for part in re.split(r",\s*|\s+", row) if part and part not in own) or row
+
+
 def table_row(md: Path) -> str | None:
-    """One README row for a table file, or None when it has no findings beside it (e.g. a SMOKE table)."""
-    findings = md.with_name(f"{md.stem}_findings.json")
-    if not findings.is_file():
+    """One README row for a table file, or None when it has no findings beside it (e.g. a SMOKE table).
+
+    A table with blocks (one baseline per task, say) gets every block's numbers and finding, each led by
+    the block's name, so no block is left out of the README."""
+    findings_file = md.with_name(f"{md.stem}_findings.json")
+    if not findings_file.is_file():
         return None
     text = md.read_text()
+    findings = json.loads(findings_file.read_text())
+    blocks = findings.get("blocks") or {"": findings}
     title = text.splitlines()[0].lstrip("# ").strip()
     command = re.search(r"\*\*Command:\*\* `([^`]*)`", text)
-    wall = re.search(r"wall time ([\d.]+ min)", text)
-    best = re.search(r"^(Best mean final accuracy.*?)$", text, re.MULTILINE)
-    rows = json.loads(findings.read_text()).get("rows", {})
-    means = ", ".join(f"{name} {100 * acc:.1f}" for name, acc in rows.items())
-    return (f"| [{md.stem}](tables/{md.name}) | {title} | `{command.group(1) if command else '?'}` | "
-            f"{wall.group(1) if wall else '?'} | {means} % | {best.group(1) if best else ''} |")
+    date = re.search(r"^- \*\*Date:\*\*(.*)$", text, re.MULTILINE)
+    walls = [float(w) for w in re.findall(r"wall time ([\d.]+) min", date.group(1))] if date else []
+    seeds = re.findall(r"\(ran (\d+)\)", text)     # one per block, in block order
+    bests = re.findall(r"^(Best mean final accuracy.*?)$", text, re.MULTILINE)
+
+    def lead(name: str) -> str:
+        return f"*{name}*: " if name else ""
+
+    means, widths, finding = [], [], []
+    for i, (name, block) in enumerate(blocks.items()):
+        means.append(lead(name) + ", ".join(f"{_short(row, name)} {100 * acc:.1f}"
+                                            for row, acc in block.get("rows", {}).items()))
+        half, needed = block.get("max_diff_half_width"), block.get("seeds_for_target_half_width")
+        if half is not None:
+            ran = f"{seeds[i]} seeds" if i < len(seeds) else "? seeds"
+            widths.append(lead(name) + f"{100 * half:.1f} pp ({ran}; {needed} for ±2.5)")
+        if i < len(bests):
+            finding.append(lead(name) + bests[i])
+    wall = (f"{sum(walls):.1f} min" + (f" in {len(walls)} launches" if len(walls) > 1 else "")) if walls else "?"
+    return (f"| [{md.stem}](tables/{md.name}) | {title} | `{command.group(1) if command else '?'}` | {wall} | "
+            f"{'; '.join(means)} % | {'; '.join(widths) or '–'} | {' '.join(finding)} |")
 
 
 def render(tables_dir: Path) -> str:
     rows = [r for r in (table_row(md) for md in sorted(tables_dir.glob("*.md"))) if r]
     return "\n".join([BEGIN, "", "| table | what | command | wall time | final greedy accuracy per row (mean over seeds) "
-                      "| finding (computed, with its interval) |", "|---|---|---|---|---|---|", *rows, "", END])
+                      "| widest paired Δ 95 % half-width vs the baseline (seeds run; seeds for ±2.5 pp) "
+                      "| finding (computed, with its interval) |", "|---|---|---|---|---|---|---|", *rows, "", END])
 
 
 def updated(readme_text: str, tables_dir: Path) -> str:
