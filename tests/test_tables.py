@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO, TASK, WARMUP
 
 from grpo_lab.tables.findings import build
-from grpo_lab.tables.launch import unrecorded_jobs
+from grpo_lab.tables.launch import parallel_jobs, prewarm_overrides, unrecorded_jobs
 from grpo_lab.tables.plan import compose_jobs, make_plan, preflight, variant_overrides, variant_yaml, write_variant_files
 from grpo_lab.tables.spec import TableSpecError, load_spec, override_key
 
@@ -33,6 +33,46 @@ SEEDS = {"smollm2": [0, 1]}
 
 def test_the_issue_tables_exist():
     assert set(EXPECTED_JOBS) <= set(TABLES)
+
+
+def test_prewarm_builds_one_warm_up_per_swept_task_and_seed(tmp_path):
+    """A warm-up is built from model, task and warm-up settings: a table sweeping the task gets one
+    prewarm job per task and seed; a sweep over anything else (group size) adds none."""
+    tasks = make_plan(load_spec("tasks"), runs_root=tmp_path, launcher="joblib", jobs=2)
+    ov = prewarm_overrides(tasks)
+    assert "task=chain_sum,basic_arithmetic,simple_equations,gcd,partial_sums" in ov and "seed=0,1,2" in ov
+    assert "trainer.total_steps=0" in ov and parallel_jobs(tasks) == 2
+    group_size = make_plan(load_spec("group_size"), runs_root=tmp_path)
+    assert not [o for o in prewarm_overrides(group_size) if "," in o and not o.startswith("seed=")]
+    assert parallel_jobs(group_size) == 1
+
+
+def test_sft_controls_run_as_many_at_once_as_the_rl_jobs(tmp_path, monkeypatch):
+    """The controls of a joblib table run two at a time (each with the plan's threads), exit codes in
+    seed order; with the basic launcher one at a time."""
+    import threading
+    import time
+
+    from grpo_lab.tables import launch
+
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def run(cmd, log, env):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+        assert env == plan.env
+        return int(cmd[cmd.index("--run-dir") + 1][-1])   # the seed, to check the order
+
+    monkeypatch.setattr(launch, "run_logged", run)
+    plan = make_plan(load_spec("tasks"), runs_root=tmp_path, launcher="joblib", jobs=2)
+    assert launch.run_sft_controls(plan, tmp_path / "log", 10.0, ["task=gcd"]) == [0, 1, 2] and peak[0] == 2
+    peak[0] = 0
+    plan = make_plan(load_spec("tasks"), runs_root=tmp_path)
+    assert launch.run_sft_controls(plan, tmp_path / "log", 10.0, ["task=gcd"]) == [0, 1, 2] and peak[0] == 1
 
 
 @pytest.mark.parametrize("name", TABLES)
@@ -324,7 +364,7 @@ def test_explicit_directions_select_rows_by_sweep_values_and_judge_mean_at_k_too
     assert "greedy accuracy: reproduced 1, consistent 1 of 2; mean@k: reproduced 1, contradicted 1 of 2" in md
 
 
-def smoke_table(name: str, cache: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+def smoke_table(name: str, cache: Path, tmp_path: Path, launcher: dict | None = None) -> subprocess.CompletedProcess:
     # Extra overrides after `--` make the smoke jobs reuse the session's cached tiny-model warm-up
     # (conftest); a table whose smoke set turns the warm-up off (the pretrained SmolLM2 recipe) sizes its
     # own smoke run instead.
@@ -333,7 +373,7 @@ def smoke_table(name: str, cache: Path, tmp_path: Path) -> subprocess.CompletedP
         [sys.executable, "scripts/make_table.py", name, "--runs-root", str(tmp_path / "runs"),
          "--tables-root", str(tmp_path / "tables"), "--", f"cache_dir={cache}", *([] if pretrained else TASK + WARMUP)],
         # PYTHONPATH: the script imports this checkout's grpo_lab even where the venv's editable install is another's.
-        cwd=REPO, env={**os.environ, "SMOKE": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)},
+        cwd=REPO, env={**os.environ, "SMOKE": "1", "WANDB_MODE": "offline", "PYTHONPATH": str(REPO), **(launcher or {})},
         capture_output=True, text=True,
         timeout=900)
 
@@ -350,8 +390,13 @@ def check_smoke_table(name: str, proc: subprocess.CompletedProcess, tmp_path: Pa
 
 
 def test_smoke_table_end_to_end(warm_cache, tmp_path):
-    proc = smoke_table("std_norm", warm_cache, tmp_path)
+    # Two jobs at a time (joblib), as the committed tables ran: the warm-ups (one per task) are built
+    # before the multirun, one prewarm job per task and seed.
+    proc = smoke_table("std_norm", warm_cache, tmp_path, launcher={"LAUNCHER": "joblib", "JOBS": "2"})
     md = check_smoke_table("std_norm", proc, tmp_path)
+    assert "warm-up cache filled before the parallel launch" in md
+    prewarmed = sorted(p.name for p in (tmp_path / "runs" / "_prewarm" / "std_norm").iterdir() if p.is_dir())
+    assert [n for n in prewarmed if "chain_sum" in n] and [n for n in prewarmed if "partial_sums" in n], prewarmed
     # Two blocks (task: chain_sum, partial_sums), each row once per block.
     for row in ("group_std", "no_std", "batch_std"):
         for task in ("chain_sum", "partial_sums"):

@@ -107,13 +107,29 @@ def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
         return proc.wait()
 
 
+# Config groups a warm-up checkpoint is built from (train.build_policy: cache_key(model, task, warmup, ...,
+# seed)): a table that sweeps one of them needs one warm-up per value and seed.
+WARMUP_INPUTS = ("model", "task", "warmup")
+
+
+def prewarm_overrides(plan: Plan) -> list[str]:
+    """The prewarm multirun's overrides: the table's fixed ones, one job per seed and per value of every
+    swept key a warm-up depends on (a task sweep: one warm-up per task and seed), no RL steps."""
+    swept = [f"{k}={v}" for k, v in plan.sweep.items()
+             if override_key(k).split(".")[0] in WARMUP_INPUTS and override_key(k) not in
+             {override_key(o) for o in plan.base}]
+    return [*merge_overrides(plan.base, ["trainer.total_steps=0", "trainer.total_samples=null", "rollout=hf",
+                                         "logger=none", "trainer.save_checkpoint=false"]),
+            *swept, "seed=" + ",".join(str(s) for s in plan.seeds)]
+
+
 def prewarm(plan: Plan, log: Path) -> int:
-    """Fill the warm-up cache one seed at a time before parallel jobs could race to build the same entry."""
-    cmd = [sys.executable, "-m", "grpo_lab.train", "-m", *merge_overrides(plan.base, [
-        "trainer.total_steps=0", "trainer.total_samples=null", "rollout=hf", "logger=none",
-        "trainer.save_checkpoint=false"]), "seed=" + ",".join(str(s) for s in plan.seeds),
-        f"hydra.sweep.dir={plan.runs_dir.parent / '_prewarm' / plan.spec.name}"]
-    return run_logged(cmd, log, {})
+    """Fill the warm-up cache before the table's parallel jobs start, so that two jobs of one seed (two
+    variants) never wait on each other's warm-up. Each prewarm job builds a different entry (a seed, a
+    task), so they run with the table's own launcher and parallelism."""
+    cmd = [sys.executable, "-m", "grpo_lab.train", "-m", *prewarm_overrides(plan),
+           f"hydra.sweep.dir={plan.runs_dir.parent / '_prewarm' / plan.spec.name}", *plan.launcher]
+    return run_logged(cmd, log, plan.env)
 
 
 def matched_wall_time(runs: list, variant: str, block: list[str] = ()) -> float | None:
@@ -130,10 +146,21 @@ def matched_wall_time(runs: list, variant: str, block: list[str] = ()) -> float 
     return math.fsum(totals) / len(totals) if totals else None
 
 
+def parallel_jobs(plan: Plan) -> int:
+    """How many of the table's jobs run at once (joblib's n_jobs; 1 for the other launchers)."""
+    for o in plan.launcher:
+        if override_key(o) == "hydra.launcher.n_jobs":
+            return max(1, int(o.split("=", 1)[1]))
+    return 1
+
+
 def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] = ()) -> list[int]:
+    """One SFT control per seed, as many at once as the RL jobs ran (same threads per process: the
+    plan's OMP_NUM_THREADS), each trained for `wall_time` seconds. Exit codes in seed order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     sft = plan.spec.sft_control
     assert sft is not None
-    codes = []
     # Spelled as Hydra's sweeper records a job's overrides (.hydra/overrides.yaml: `false` -> `False`),
     # so the control's recorded overrides match the RL runs' and only `variant` tells them apart.
     parser = overrides_parser()
@@ -143,13 +170,14 @@ def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] =
             ov = parser.parse_override(o)
             base.append(f"{ov.get_key_element()}={ov.get_value_element_as_str()}")
     tag = "".join(f"_{o.split('=', 1)[1]}" for o in block)
+    cmds = []
     for i, seed in enumerate(plan.seeds):
         run_dir = plan.runs_dir / "sft_control" / f"{i}_sft_control{tag}_s{seed}"
         overrides = [f"+{VARIANT_GROUP}=sft_control", *base, *block, f"seed={seed}", f"logger.group={plan.group}"]
-        cmd = [sys.executable, "-m", "grpo_lab.tables.sft_control", "--wall-time", f"{wall_time:.3f}",
-               "--evals", str(sft.evals), "--run-dir", str(run_dir), "--", *overrides]
-        codes.append(run_logged(cmd, log, plan.env))
-    return codes
+        cmds.append([sys.executable, "-m", "grpo_lab.tables.sft_control", "--wall-time", f"{wall_time:.3f}",
+                     "--evals", str(sft.evals), "--run-dir", str(run_dir), "--", *overrides])
+    with ThreadPoolExecutor(max_workers=parallel_jobs(plan)) as pool:
+        return list(pool.map(lambda cmd: run_logged(cmd, log, plan.env), cmds))
 
 
 def unrecorded_jobs(runs_dir: Path) -> list[Path]:
@@ -177,8 +205,8 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str]) ->
     if any(o in plan.launcher for o in ("hydra/launcher=joblib", "hydra/launcher=submitit_local")):
         t0 = time.time()
         rc = prewarm(plan, log)
-        launch_notes.append(f"warm-up cache filled serially before the parallel launch ({time.time() - t0:.0f} s, "
-                            f"exit {rc})")
+        launch_notes.append(f"warm-up cache filled before the parallel launch, one job per seed and warm-up input "
+                            f"({time.time() - t0:.0f} s, exit {rc})")
     rc = run_logged(plan.command, log, plan.env)
     if rc != 0:
         launch_notes.append(f"the multirun exited with status {rc}: at least one job failed; every job of the "
