@@ -6,6 +6,7 @@
     LAUNCHER=joblib JOBS=2 python scripts/make_table.py clip   # jobs in parallel (hydra/launcher=joblib)
     python scripts/make_table.py dapo --report-only     # rebuild the table from the runs on disk
     python scripts/make_table.py std_norm --add-seeds 3,4   # more seeds into the same table (same extras)
+    python scripts/make_table.py tasks --sft-only       # run the SFT controls a launch did not complete
     python scripts/make_table.py dapo --dry-run         # print the command, launch nothing
     python scripts/make_table.py dapo --scale full      # the paper-scale recipe (conf/experiment/...)
     python scripts/make_table.py dapo -- cache_dir=/tmp/c   # extra overrides for every job
@@ -24,17 +25,19 @@ This file is the command line only; the library is grpo_lab/tables/.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from grpo_lab.tables import TableSpecError, load_spec, make_plan, preflight
 from grpo_lab.tables.findings import build
 from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, machine_description, merge_added_seeds,
-                                    run_table, seeds_on_disk)
+                                    run_table, seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
 
 
@@ -61,11 +64,50 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--add-seeds", help="comma list: run these further seeds into the table's existing runs (same "
                                        "extra overrides as the first launch) and rebuild it from all of them; "
                                        "warm-ups are cached per seed, so only the new seeds cost")
+    p.add_argument("--sft-only", action="store_true",
+                   help="run only the table's SFT controls that have no completed run (a launch stopped before "
+                        "they finished), for the seeds its runs hold, and rebuild the table")
     p.add_argument("--runs-root", type=Path, help="where run dirs go (default outputs/tables or outputs/smoke/runs)")
     p.add_argument("--tables-root", type=Path, help="where the table goes (default tables/ or outputs/smoke/tables)")
     p.add_argument("--report-only", action="store_true", help="rebuild the table from the runs on disk")
     p.add_argument("--dry-run", action="store_true", help="validate every job and print the command; launch nothing")
     return p.parse_args(argv), extra
+
+
+def finish_sft_controls(plan, args, invocation: str) -> int:
+    """--sft-only: the SFT controls the table's launch did not complete (stopped for time, say), for every
+    seed its RL runs hold, then the table rebuilt from all runs. The first launch's header stays; this
+    launch is a note with its date and wall time."""
+    meta = plan.runs_dir / "table_meta.json"
+    problem = None
+    if args.add_seeds or args.seeds or args.report_only or args.dry_run:
+        problem = "--sft-only cannot be combined with --add-seeds, --seeds, --report-only or --dry-run"
+    elif plan.spec.sft_control is None:
+        problem = f"{plan.spec.path.name} has no sft_control"
+    elif not meta.exists():
+        problem = f"{meta} does not exist: run the table first (without --sft-only)"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    previous = json.loads(meta.read_text())
+    plan.seeds = sorted(seeds_on_disk(plan.runs_dir))
+    started = time.time()
+    date = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    notes: list[str] = []
+    sft_controls(plan, plan.runs_dir / "make_table.log", notes, only_missing=True)
+    wall = (time.time() - started) / 60
+    previous["launch_notes"] = previous.get("launch_notes", []) + [
+        f"SFT controls without a completed run: {'run' if notes else 'none'} by `{invocation}` on {date}"
+        f"; wall time {wall:.1f} min"] + notes
+    meta.write_text(json.dumps(previous, indent=2))
+    header = {"command": previous.get("command", invocation), "machine": previous.get("machine", ""),
+              "date": previous.get("date", date)}
+    result = build(plan, header_extra=header, launch_notes=previous["launch_notes"])
+    print(result["table"])
+    print(f"wrote {result['md']}", file=sys.stderr)
+    if not plan.smoke and Path(result["md"]).resolve().parent == readme_tables.REPO / "tables":
+        readme_tables.main([])
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         print(result["table"])
         print(f"wrote {result['md']}", file=sys.stderr)
         return 0
+
+    if args.sft_only:
+        return finish_sft_controls(plan, args, invocation)
 
     created = not plan.runs_dir.exists()
     previous = None

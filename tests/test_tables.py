@@ -48,31 +48,44 @@ def test_prewarm_builds_one_warm_up_per_swept_task_and_seed(tmp_path):
 
 
 def test_sft_controls_run_as_many_at_once_as_the_rl_jobs(tmp_path, monkeypatch):
-    """The controls of a joblib table run two at a time (each with the plan's threads), exit codes in
-    seed order; with the basic launcher one at a time."""
+    """The controls of a joblib table run two at a time (each with the plan's threads); with the basic
+    launcher one at a time. only_missing (make_table --sft-only) re-runs just the seeds without a
+    completed control, after moving a stopped one's directory to the archive."""
     import threading
     import time
 
     from grpo_lab.tables import launch
 
-    running, peak, lock = [0], [0], threading.Lock()
+    running, peak, lock, started = [0], [0], threading.Lock(), []
 
     def run(cmd, log, env):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
+            started.append(Path(cmd[cmd.index("--run-dir") + 1]))
         time.sleep(0.2)
         with lock:
             running[0] -= 1
         assert env == plan.env
-        return int(cmd[cmd.index("--run-dir") + 1][-1])   # the seed, to check the order
+        return 0
 
     monkeypatch.setattr(launch, "run_logged", run)
     plan = make_plan(load_spec("tasks"), runs_root=tmp_path, launcher="joblib", jobs=2)
-    assert launch.run_sft_controls(plan, tmp_path / "log", 10.0, ["task=gcd"]) == [0, 1, 2] and peak[0] == 2
-    peak[0] = 0
+    assert launch.run_sft_controls(plan, tmp_path / "log", 10.0, ["task=gcd"]) == {0: 0, 1: 0, 2: 0}
+    assert peak[0] == 2
+    assert [d.name for d in started] == ["0_sft_control_gcd_s0", "1_sft_control_gcd_s1", "2_sft_control_gcd_s2"]
+    # seed 0 completed, seed 1 stopped half-way (metrics, no completed summary), seed 2 never started
+    for d, status in zip(started[:2], ["completed", "stopped"]):
+        d.mkdir(parents=True)
+        (d / "metrics.jsonl").write_text("{}\n")
+        (d / "summary.json").write_text(json.dumps({"status": status}))
+    peak[0], started[:] = 0, []
     plan = make_plan(load_spec("tasks"), runs_root=tmp_path)
-    assert launch.run_sft_controls(plan, tmp_path / "log", 10.0, ["task=gcd"]) == [0, 1, 2] and peak[0] == 1
+    assert launch.run_sft_controls(plan, tmp_path / "log", 10.0, ["task=gcd"], only_missing=True) == {1: 0, 2: 0}
+    assert peak[0] == 1 and [d.name for d in started] == ["1_sft_control_gcd_s1", "2_sft_control_gcd_s2"]
+    assert not started[0].exists()   # moved aside, not deleted:
+    assert list(tmp_path.glob("_archive/tasks-sft-*/1_sft_control_gcd_s1/metrics.jsonl"))
+    assert (plan.runs_dir / "sft_control" / "0_sft_control_gcd_s0" / "summary.json").exists()
 
 
 @pytest.mark.parametrize("name", TABLES)
@@ -411,6 +424,20 @@ def test_smoke_every_table(name, warm_cache, tmp_path):
     md = check_smoke_table(name, proc, tmp_path)
     if name == "algorithms":
         assert "| sft_control | 1 ok / 0 failed |" in md
+        # A launch stopped before its SFT control completed: --sft-only runs just that control again.
+        control = next((tmp_path / "runs" / name / "sft_control").iterdir())
+        summary = json.loads((control / "summary.json").read_text())
+        (control / "summary.json").write_text(json.dumps({**summary, "status": "stopped"}))
+        proc = subprocess.run([sys.executable, "scripts/make_table.py", name, "--sft-only", "--runs-root",
+                               str(tmp_path / "runs"), "--tables-root", str(tmp_path / "tables"), "--",
+                               f"cache_dir={warm_cache}", *TASK, *WARMUP],
+                              cwd=REPO, env={**os.environ, "SMOKE": "1", "WANDB_MODE": "offline",
+                                             "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        md = (tmp_path / "tables" / f"{name}.md").read_text()
+        assert "| sft_control | 1 ok / 0 failed |" in md and "SFT controls without a completed run: run by" in md
+        assert json.loads((control / "summary.json").read_text())["status"] == "completed"
+        assert list((tmp_path / "runs" / "_archive").glob(f"{name}-sft-*/{control.name}/summary.json"))
 
 
 def test_rows_grouped_by_config_keys_keep_their_variant_names(tmp_path):

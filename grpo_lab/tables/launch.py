@@ -154,9 +154,31 @@ def parallel_jobs(plan: Plan) -> int:
     return 1
 
 
-def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] = ()) -> list[int]:
+def sft_control_runs(plan: Plan, block: list[str] = ()) -> list[tuple[int, Path]]:
+    """(seed, run dir) of each seed's SFT control in `block`: the directory on disk when there is one
+    (seeds added later are numbered from 0 again, "0_sft_control_s3"), else where it will go."""
+    tag = "".join(f"_{o.split('=', 1)[1]}" for o in block)
+    root = plan.runs_dir / "sft_control"
+    out = []
+    for i, seed in enumerate(plan.seeds):
+        found = sorted(root.glob(f"*_sft_control{tag}_s{seed}"))
+        out.append((seed, found[0] if found else root / f"{i}_sft_control{tag}_s{seed}"))
+    return out
+
+
+def completed(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status") == "completed"
+    except (OSError, ValueError):
+        return False
+
+
+def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] = (),
+                     only_missing: bool = False) -> dict[int, int]:
     """One SFT control per seed, as many at once as the RL jobs ran (same threads per process: the
-    plan's OMP_NUM_THREADS), each trained for `wall_time` seconds. Exit codes in seed order."""
+    plan's OMP_NUM_THREADS), each trained for `wall_time` seconds. only_missing: just the seeds without
+    a completed control; a stopped one's directory is moved to outputs/.../_archive first (nothing is
+    deleted, and its lines never mix with the new run's). Returns {seed: exit code}."""
     from concurrent.futures import ThreadPoolExecutor
 
     sft = plan.spec.sft_control
@@ -169,15 +191,44 @@ def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] =
         if not override_key(o).startswith("hydra"):
             ov = parser.parse_override(o)
             base.append(f"{ov.get_key_element()}={ov.get_value_element_as_str()}")
-    tag = "".join(f"_{o.split('=', 1)[1]}" for o in block)
+    runs = [(seed, d) for seed, d in sft_control_runs(plan, block) if not (only_missing and completed(d))]
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     cmds = []
-    for i, seed in enumerate(plan.seeds):
-        run_dir = plan.runs_dir / "sft_control" / f"{i}_sft_control{tag}_s{seed}"
+    for seed, run_dir in runs:
+        if run_dir.exists():
+            dest = plan.runs_dir.parent / "_archive" / f"{plan.runs_dir.name}-sft-{stamp}" / run_dir.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(run_dir), str(dest))
         overrides = [f"+{VARIANT_GROUP}=sft_control", *base, *block, f"seed={seed}", f"logger.group={plan.group}"]
         cmds.append([sys.executable, "-m", "grpo_lab.tables.sft_control", "--wall-time", f"{wall_time:.3f}",
                      "--evals", str(sft.evals), "--run-dir", str(run_dir), "--", *overrides])
     with ThreadPoolExecutor(max_workers=parallel_jobs(plan)) as pool:
-        return list(pool.map(lambda cmd: run_logged(cmd, log, plan.env), cmds))
+        codes = list(pool.map(lambda cmd: run_logged(cmd, log, plan.env), cmds))
+    return {seed: code for (seed, _), code in zip(runs, codes)}
+
+
+def sft_controls(plan: Plan, log: Path, launch_notes: list[str], only_missing: bool = False) -> None:
+    """The SFT control of every block, trained for the mean RL step time of the block's matched runs;
+    what ran (or why not) goes into `launch_notes`."""
+    from grpo_lab.report import NoRunsFound, load_runs
+
+    spec = plan.spec
+    for block in plan.blocks() if spec.sft_control else []:
+        where = f" of {' '.join(block)}" if block else ""
+        try:
+            wall = matched_wall_time(load_runs([plan.runs_dir]), spec.sft_control.match, block)
+        except NoRunsFound:
+            wall = None
+        how = f"mean summed RL step time of the completed `{spec.sft_control.match}` runs{where}"
+        if spec.sft_control.wall_time_s is not None:
+            wall, how = spec.sft_control.wall_time_s, "sft_control.wall_time_s in the table yaml"
+        if wall is None:
+            launch_notes.append(f"SFT control{where} skipped: no completed `{spec.sft_control.match}` run to match.")
+            continue
+        codes = run_sft_controls(plan, log, wall, block, only_missing=only_missing)
+        if codes or not only_missing:
+            launch_notes.append(f"SFT control{where}: {wall:.1f} s of training per seed ({how}); exit codes "
+                                + ", ".join(f"seed {s}: {c}" for s, c in codes.items()) + ".")
 
 
 def unrecorded_jobs(runs_dir: Path) -> list[Path]:
@@ -192,12 +243,10 @@ def unrecorded_jobs(runs_dir: Path) -> list[Path]:
 
 
 def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str]) -> tuple[int, float]:
-    """Run the multirun (after filling the warm-up cache serially for parallel launchers), then the SFT
+    """Run the multirun (after filling the warm-up cache, for parallel launchers), then the SFT
     controls; add what the reader must know to `launch_notes`, the date and wall time to `header`, and
     write both to <runs dir>/table_meta.json (read back by --report-only).
     Returns the multirun's exit status and the wall time in seconds."""
-    from grpo_lab.report import NoRunsFound, load_runs
-
     spec = plan.spec
     started = time.time()
     date = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -212,20 +261,7 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str]) ->
         launch_notes.append(f"the multirun exited with status {rc}: at least one job failed; every job of the "
                             "batch still ran (Hydra's launchers run the whole batch, then re-raise the first "
                             "failure). Failed runs are counted in each row and listed below.")
-    for block in plan.blocks() if spec.sft_control else []:
-        where = f" of {' '.join(block)}" if block else ""
-        try:
-            wall = matched_wall_time(load_runs([plan.runs_dir]), spec.sft_control.match, block)
-        except NoRunsFound:
-            wall = None
-        how = f"mean summed RL step time of the completed `{spec.sft_control.match}` runs{where}"
-        if spec.sft_control.wall_time_s is not None:
-            wall, how = spec.sft_control.wall_time_s, "sft_control.wall_time_s in the table yaml"
-        if wall is None:
-            launch_notes.append(f"SFT control{where} skipped: no completed `{spec.sft_control.match}` run to match.")
-        else:
-            codes = run_sft_controls(plan, log, wall, block)
-            launch_notes.append(f"SFT control{where}: {wall:.1f} s of training per seed ({how}); exit codes {codes}.")
+    sft_controls(plan, log, launch_notes)
     for job in unrecorded_jobs(plan.runs_dir):
         launch_notes.append(f"job `{job.relative_to(plan.runs_dir)}` failed before the trainer wrote "
                             f"metrics.jsonl/summary.json (see {log.name} and the job's .hydra/ and *.log).")
