@@ -408,7 +408,8 @@ def test_smoke_table_end_to_end(warm_cache, tmp_path):
     proc = smoke_table("std_norm", warm_cache, tmp_path, launcher={"LAUNCHER": "joblib", "JOBS": "2"})
     md = check_smoke_table("std_norm", proc, tmp_path)
     assert "warm-up cache filled before the parallel launch" in md
-    prewarmed = sorted(p.name for p in (tmp_path / "runs" / "_prewarm" / "std_norm").iterdir() if p.is_dir())
+    prewarmed = sorted(p.name for p in (tmp_path / "runs" / "_prewarm" / "std_norm").glob("table-std_norm-*/*")
+                       if p.is_dir())
     assert [n for n in prewarmed if "chain_sum" in n] and [n for n in prewarmed if "partial_sums" in n], prewarmed
     # Two blocks (task: chain_sum, partial_sums), each row once per block.
     for row in ("group_std", "no_std", "batch_std"):

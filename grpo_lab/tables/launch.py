@@ -127,8 +127,10 @@ def prewarm(plan: Plan, log: Path) -> int:
     """Fill the warm-up cache before the table's parallel jobs start, so that two jobs of one seed (two
     variants) never wait on each other's warm-up. Each prewarm job builds a different entry (a seed, a
     task), so they run with the table's own launcher and parallelism."""
+    # One directory per launch (the plan's time-stamped group): a relaunch of the same seeds would find
+    # its job directories holding the last launch's metrics, and the trainer refuses to mix two runs.
     cmd = [sys.executable, "-m", "grpo_lab.train", "-m", *prewarm_overrides(plan),
-           f"hydra.sweep.dir={plan.runs_dir.parent / '_prewarm' / plan.spec.name}", *plan.launcher]
+           f"hydra.sweep.dir={plan.runs_dir.parent / '_prewarm' / plan.spec.name / plan.group}", *plan.launcher]
     return run_logged(cmd, log, plan.env)
 
 
