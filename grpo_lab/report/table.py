@@ -367,7 +367,7 @@ def failed_runs_markdown(groups: Sequence[Group], include_incomplete: bool = Fal
         for r in g.runs:
             if not r.ok:
                 items.append(
-                    f"- `{r.name}` ({_md_escape(g.label)}; `{r.path}`): **{r.status}** — "
+                    f"- `{r.name}` ({_md_escape(g.label)}; `{display_path(r.path)}`): **{r.status}** — "
                     f"{_md_escape(_short_error(r.error))}"
                 )
     if not items:
