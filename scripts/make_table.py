@@ -74,6 +74,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv), extra
 
 
+def refresh_readme(plan, result: dict) -> None:
+    """The README's list of tables says what the committed tables say (not for SMOKE or other folders)."""
+    if not plan.smoke and Path(result["md"]).resolve().parent == readme_tables.REPO / "tables":
+        readme_tables.main([])
+
+
 def finish_sft_controls(plan, args, invocation: str) -> int:
     """--sft-only: the SFT controls the table's launch did not complete (stopped for time, say), for every
     seed its RL runs hold, then the table rebuilt from all runs. The first launch's header stays; this
@@ -105,8 +111,7 @@ def finish_sft_controls(plan, args, invocation: str) -> int:
     result = build(plan, header_extra=header, launch_notes=previous["launch_notes"])
     print(result["table"])
     print(f"wrote {result['md']}", file=sys.stderr)
-    if not plan.smoke and Path(result["md"]).resolve().parent == readme_tables.REPO / "tables":
-        readme_tables.main([])
+    refresh_readme(plan, result)
     return 0
 
 
@@ -201,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("md", "csv", "png"):
         print(f"wrote {result[k]}", file=sys.stderr)
     print(f"[make_table] {spec.name}: {wall_s / 60:.1f} min, multirun exit status {rc}", file=sys.stderr)
-    if not plan.smoke and Path(result["md"]).resolve().parent == readme_tables.REPO / "tables":
-        readme_tables.main([])   # the README's list of tables says what the committed tables say
+    refresh_readme(plan, result)
     # The table was built; a failed job is reported in it, not by failing the make target. A multirun
     # that produced no completed run at all is still an error.
     n_ok = sum(g.n_ok for g in result["groups"])
