@@ -306,6 +306,7 @@ def test_findings_report_differences_with_confidence_intervals(tmp_path):
     assert "paired by seed" in md and "widest Δ half-width in this table:" in md
     # c − a = +.01, −.07, +.05: sd 6.1 pp -> 26 seeds for ±2.5 pp (b's sd of 1 pp needs 3)
     assert "seeds for ±2.5 pp on every row at the spread observed: **26** (ran 3)" in md
+    assert result["findings"]["seeds_for_target_half_width"] == 26 and result["findings"]["seeds_run"] == 3
     assert "(CI excludes 0)" in md and "The paper's best row is **b**; our best agrees." in md
     # The paper's direction for b comes from its numbers (50 > 30): the paired CI lies above 0.
     assert "| +10.0 ± 2.5 | better | reproduced |" in md
@@ -476,7 +477,8 @@ def test_readme_rows_come_from_the_table_files(tmp_path):
                                    "**What we found** (... widest Δ half-width: **2.0 pp**; seeds ...: **3** (ran 4)):\n\n"
                                    "Best mean final accuracy: **b** (60.0%), +10.0 ± 2.0 pp over the baseline a (CI excludes 0).\n")
     (tmp_path / "t_findings.json").write_text(json.dumps(
-        {"rows": {"a": 0.5, "b": 0.6}, "max_diff_half_width": 0.02, "seeds_for_target_half_width": 3}))
+        {"rows": {"a": 0.5, "b": 0.6}, "max_diff_half_width": 0.02, "seeds_for_target_half_width": 3,
+         "seeds_run": 4}))
     (tmp_path / "smoke.md").write_text("# no findings beside it: not listed\n")
     block = readme.render(tmp_path)
     assert ("| [t](tables/t.md) | A title | `make table-t` | 4.5 min in 2 launches | a 50.0, b 60.0 % | "
@@ -491,22 +493,27 @@ def test_readme_rows_come_from_the_table_files(tmp_path):
 
 def test_readme_lists_every_block_of_a_table(tmp_path):
     """A table with one baseline per task lists each block's numbers and finding (the second block's
-    finding was once left out of the README)."""
+    finding was once left out of the README), and each block's own seed count: a block with no Δ (one
+    row completed) once shifted the later blocks' counts, printing "? seeds"."""
     from grpo_lab.tables import readme
 
     (tmp_path / "b.md").write_text(
         "# Blocks\n\n- **Command:** `make table-b`\n- **Date:** x; wall time 2.0 min for 4 jobs\n\n"
         "*task=p*\n\n**What we found** (...: **5** (ran 3)):\n\nBest mean final accuracy: **y** (30.0%), first.\n\n"
-        "*task=q*\n\n**What we found** (...: **4** (ran 3)):\n\nBest mean final accuracy: **x** (50.0%), second.\n")
+        "*task=g*\n\n**What we found** (...):\n\nBest mean final accuracy: **x** (10.0%) — the baseline itself.\n\n"
+        "*task=q*\n\n**What we found** (...: **4** (ran 2)):\n\nBest mean final accuracy: **x** (50.0%), second.\n")
     block = {"task=p": {"rows": {"task=p x": 0.2, "task=p y": 0.3}, "max_diff_half_width": 0.031,
-                        "seeds_for_target_half_width": 5},
+                        "seeds_for_target_half_width": 5, "seeds_run": 3},
+             "task=g": {"rows": {"task=g x": 0.1}, "max_diff_half_width": None,
+                        "seeds_for_target_half_width": None, "seeds_run": 3},
              "task=q": {"rows": {"task=q, x": 0.5, "task=q, y": 0.4}, "max_diff_half_width": 0.029,
-                        "seeds_for_target_half_width": 4}}
+                        "seeds_for_target_half_width": 4, "seeds_run": 2}}
     (tmp_path / "b_findings.json").write_text(json.dumps({"blocks": block, "rows": {}}))
     row = readme.table_row(tmp_path / "b.md")
-    assert "| 2.0 min | *task=p*: x 20.0, y 30.0; *task=q*: x 50.0, y 40.0 % |" in row
-    assert "| *task=p*: 3.1 pp (3 seeds; 5 for ±2.5); *task=q*: 2.9 pp (3 seeds; 4 for ±2.5) |" in row
-    assert "*task=p*: Best mean final accuracy: **y** (30.0%), first. *task=q*: Best mean final accuracy: **x**" in row
+    assert "| 2.0 min | *task=p*: x 20.0, y 30.0; *task=g*: x 10.0; *task=q*: x 50.0, y 40.0 % |" in row
+    assert "| *task=p*: 3.1 pp (3 seeds; 5 for ±2.5); *task=q*: 2.9 pp (2 seeds; 4 for ±2.5) |" in row
+    assert ("*task=p*: Best mean final accuracy: **y** (30.0%), first. *task=g*: Best mean final accuracy: **x** "
+            "(10.0%) — the baseline itself. *task=q*: Best mean final accuracy: **x** (50.0%), second.") in row
 
 
 def test_blocks_compare_each_row_with_their_own_baseline(tmp_path):

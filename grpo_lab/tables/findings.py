@@ -225,6 +225,7 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
                                                    for r in scored if r is not base},
                               "max_diff_half_width": max(halves) if halves else None,
                               "seeds_for_target_half_width": seeds_needed,
+                              "seeds_run": max(r["n"] for r in scored),
                               "paper_direction": verdicts}
 
 

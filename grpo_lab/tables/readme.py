@@ -4,9 +4,9 @@
     python -m grpo_lab.tables.readme --check    # exit 1 when README.md is out of date (what the test asks)
 
 Each row comes from `tables/<name>.md` (title, command, wall time of every launch, the computed "Best
-mean final accuracy" sentence of every block, seeds run) and `tables/<name>_findings.json` (every row's
-mean final accuracy, the widest paired-difference half-width and the seeds it would take to bring it to
-±2.5 pp), so the README says exactly what the table files say. `scripts/make_table.py` refreshes the block after writing a
+mean final accuracy" sentence of every block) and `tables/<name>_findings.json` (every row's
+mean final accuracy, the widest paired-difference half-width, the seeds run and the seeds it would take
+to bring it to ±2.5 pp), so the README says exactly what the table files say. `scripts/make_table.py` refreshes the block after writing a
 table into the project's tables/ directory.
 """
 
@@ -45,7 +45,6 @@ def table_row(md: Path) -> str | None:
     command = re.search(r"\*\*Command:\*\* `([^`]*)`", text)
     date = re.search(r"^- \*\*Date:\*\*(.*)$", text, re.MULTILINE)
     walls = [float(w) for w in re.findall(r"wall time ([\d.]+) min", date.group(1))] if date else []
-    seeds = re.findall(r"\(ran (\d+)\)", text)     # one per block, in block order
     bests = re.findall(r"^(Best mean final accuracy.*?)$", text, re.MULTILINE)
 
     def lead(name: str) -> str:
@@ -57,7 +56,7 @@ def table_row(md: Path) -> str | None:
                                             for row, acc in block.get("rows", {}).items()))
         half, needed = block.get("max_diff_half_width"), block.get("seeds_for_target_half_width")
         if half is not None:
-            ran = f"{seeds[i]} seeds" if i < len(seeds) else "? seeds"
+            ran = f"{block['seeds_run']} seeds" if "seeds_run" in block else "? seeds"   # older findings files
             widths.append(lead(name) + f"{100 * half:.1f} pp ({ran}; {needed} for ±2.5)")
         if i < len(bests):
             finding.append(lead(name) + bests[i])
