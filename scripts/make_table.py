@@ -82,8 +82,8 @@ def refresh_readme(plan, result: dict) -> None:
 
 def finish_sft_controls(plan, args, invocation: str) -> int:
     """--sft-only: the SFT controls the table's launch did not complete (stopped for time, say), for every
-    seed its RL runs hold, then the table rebuilt from all runs. The first launch's header stays; this
-    launch is a note with its date and wall time."""
+    seed its RL runs hold, then the table rebuilt from all runs. The first launch's header stays, its
+    date line extended by this launch's date and wall time; the launch is also a note."""
     meta = plan.runs_dir / "table_meta.json"
     problem = None
     if args.add_seeds or args.seeds or args.report_only or args.dry_run:
@@ -105,6 +105,8 @@ def finish_sft_controls(plan, args, invocation: str) -> int:
     previous["launch_notes"] = previous.get("launch_notes", []) + [
         f"SFT controls without a completed run: {'run' if notes else 'none'} by `{invocation}` on {date}"
         f"; wall time {wall:.1f} min"] + notes
+    # The header's date line sums every launch's wall time (the README's wall-time column reads it).
+    previous["date"] = f"{previous.get('date', '')}; SFT controls finished {date}; wall time {wall:.1f} min"
     meta.write_text(json.dumps(previous, indent=2))
     header = {"command": previous.get("command", invocation), "machine": previous.get("machine", ""),
               "date": previous.get("date", date)}

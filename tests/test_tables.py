@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -438,6 +439,7 @@ def test_smoke_every_table(name, warm_cache, tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         md = (tmp_path / "tables" / f"{name}.md").read_text()
         assert "| sft_control | 1 ok / 0 failed |" in md and "SFT controls without a completed run: run by" in md
+        assert re.search(r"wall time [\d.]+ min for .*; SFT controls finished .*; wall time [\d.]+ min", md)
         assert json.loads((control / "summary.json").read_text())["status"] == "completed"
         assert list((tmp_path / "runs" / "_archive").glob(f"{name}-sft-*/{control.name}/summary.json"))
 
