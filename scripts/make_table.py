@@ -109,7 +109,7 @@ def finish_sft_controls(plan, args, invocation: str) -> int:
     previous["date"] = f"{previous.get('date', '')}; SFT controls finished {date}; wall time {wall:.1f} min"
     meta.write_text(json.dumps(previous, indent=2))
     header = {"command": previous.get("command", invocation), "machine": previous.get("machine", ""),
-              "date": previous.get("date", date)}
+              "date": previous["date"]}
     result = build(plan, header_extra=header, launch_notes=previous["launch_notes"])
     print(result["table"])
     print(f"wrote {result['md']}", file=sys.stderr)

@@ -142,13 +142,14 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
               for _, dh, n in (paired_diff_ci(r["by_seed"], base["by_seed"]) for r in scored if r is not base)
               if n >= 2]
     seeds_needed = None if not needed or None in needed else max(needed)
+    seeds_run = max(r["n"] for r in scored)
     how = sorted({k for _, _, k in diffs.values()})
     lines = ["**What we found** (computed from the runs below: final greedy held-out accuracy, mean ± 95% CI "
              "over completed seeds; Δ = difference to the baseline row, "
              + ("paired by seed" if how == ["paired"] else "/".join(how) or "none") + ", with its 95% CI"
              + (f"; widest Δ half-width in this table: **{100 * max(halves):.1f} pp**" if halves else "")
              + (f"; seeds for ±{100 * TARGET_HALF_WIDTH:.1f} pp on every row at the spread observed: "
-                f"**{seeds_needed}** (ran {max(r['n'] for r in scored)})" if seeds_needed else "") + "):", ""]
+                f"**{seeds_needed}** (ran {seeds_run})" if seeds_needed else "") + "):", ""]
     with_paper = bool(paper)
     head = ("| Row |" + ((" Paper" + (f" ({spec.paper_metric})" if spec.paper_metric else "") + " |") if with_paper
                          else "") + " Ours: final acc. (%) | Δ vs baseline (pp) |"
@@ -225,7 +226,7 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
                                                    for r in scored if r is not base},
                               "max_diff_half_width": max(halves) if halves else None,
                               "seeds_for_target_half_width": seeds_needed,
-                              "seeds_run": max(r["n"] for r in scored),
+                              "seeds_run": seeds_run,
                               "paper_direction": verdicts}
 
 

@@ -56,8 +56,7 @@ def table_row(md: Path) -> str | None:
                                             for row, acc in block.get("rows", {}).items()))
         half, needed = block.get("max_diff_half_width"), block.get("seeds_for_target_half_width")
         if half is not None:
-            ran = f"{block['seeds_run']} seeds" if "seeds_run" in block else "? seeds"   # older findings files
-            widths.append(lead(name) + f"{100 * half:.1f} pp ({ran}; {needed} for ±2.5)")
+            widths.append(lead(name) + f"{100 * half:.1f} pp ({block.get('seeds_run', '?')} seeds; {needed} for ±2.5)")
         if i < len(bests):
             finding.append(lead(name) + bests[i])
     wall = (f"{sum(walls):.1f} min" + (f" in {len(walls)} launches" if len(walls) > 1 else "")) if walls else "?"
