@@ -6,6 +6,7 @@
     LAUNCHER=joblib JOBS=2 python scripts/make_table.py clip   # jobs in parallel (hydra/launcher=joblib)
     python scripts/make_table.py dapo --report-only     # rebuild the table from the runs on disk
     python scripts/make_table.py std_norm --add-seeds 3,4   # more seeds into the same table (same extras)
+    python scripts/make_table.py clip --add-rows -- algorithm.epochs=4   # rows a first launch's extras left out
     python scripts/make_table.py tasks --sft-only       # run the SFT controls a launch did not complete
     python scripts/make_table.py dapo --dry-run         # print the command, launch nothing
     python scripts/make_table.py dapo --scale full      # the paper-scale recipe (conf/experiment/...)
@@ -36,8 +37,8 @@ from pathlib import Path
 
 from grpo_lab.tables import TableSpecError, load_spec, make_plan, preflight
 from grpo_lab.tables.findings import build
-from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, machine_description, merge_added_seeds,
-                                    run_table, seeds_on_disk, sft_controls)
+from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, launches, machine_description,
+                                    merge_added_launch, repeated_jobs_problem, run_table, seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
 
 
@@ -64,6 +65,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--add-seeds", help="comma list: run these further seeds into the table's existing runs (same "
                                        "extra overrides as the first launch) and rebuild it from all of them; "
                                        "warm-ups are cached per seed, so only the new seeds cost")
+    p.add_argument("--add-rows", action="store_true",
+                   help="run this launch's jobs into the table's existing runs and rebuild it from all of them: "
+                        "rows the first launch left out, e.g. `-- algorithm.epochs=4` after `-- algorithm.epochs=1` "
+                        "(a `--` override must give a key the earlier launches set another value, so no job repeats)")
     p.add_argument("--sft-only", action="store_true",
                    help="run only the table's SFT controls that have no completed run (a launch stopped before "
                         "they finished), for the seeds its runs hold, and rebuild the table")
@@ -86,8 +91,8 @@ def finish_sft_controls(plan, args, invocation: str) -> int:
     date line extended by this launch's date and wall time; the launch is also a note."""
     meta = plan.runs_dir / "table_meta.json"
     problem = None
-    if args.add_seeds or args.seeds or args.report_only or args.dry_run:
-        problem = "--sft-only cannot be combined with --add-seeds, --seeds, --report-only or --dry-run"
+    if args.add_seeds or args.add_rows or args.seeds or args.report_only or args.dry_run:
+        problem = "--sft-only cannot be combined with --add-seeds, --add-rows, --seeds, --report-only or --dry-run"
     elif plan.spec.sft_control is None:
         problem = f"{plan.spec.path.name} has no sft_control"
     elif not meta.exists():
@@ -155,23 +160,43 @@ def main(argv: list[str] | None = None) -> int:
         return finish_sft_controls(plan, args, invocation)
 
     created = not plan.runs_dir.exists()
-    previous = None
-    if args.add_seeds:
-        # Checked before anything runs: the new seeds join rows of the same jobs, never replace runs.
+    previous, added_what = None, None
+    if args.add_seeds or args.add_rows:
+        # Checked before anything runs: the new runs join the table's, never replace or repeat one.
+        flag = "--add-seeds" if args.add_seeds else "--add-rows"
         meta = plan.runs_dir / "table_meta.json"
         problem = None
-        if args.seeds or args.smoke or args.report_only:
-            problem = "--add-seeds cannot be combined with --seeds, --smoke or --report-only"
+        if args.add_seeds and args.add_rows:
+            problem = "--add-seeds and --add-rows are two different launches: run one, then the other"
+        elif (args.add_seeds and args.seeds) or args.smoke or args.report_only:
+            problem = f"{flag} cannot be combined with {'--seeds, ' if args.add_seeds else ''}--smoke or --report-only"
         elif not meta.exists():
-            problem = f"{meta} does not exist: run the table first (without --add-seeds)"
+            problem = f"{meta} does not exist: run the table first (without {flag})"
         else:
             previous = json.loads(meta.read_text())
-            taken = sorted(seeds_on_disk(plan.runs_dir) & set(plan.seeds))
-            if taken:
-                problem = f"seed(s) {taken} already have runs in {plan.runs_dir}; choose seeds it does not hold"
-            elif jobs_but_seeds(previous.get("launch_command", [])) != jobs_but_seeds(plan.command):
-                problem = (f"these jobs differ from the table's first launch (`{previous.get('command')}`) in more "
-                           "than their seeds: pass the same variants and `--` overrides")
+            earlier = [launch.get("launch_command", []) for launch in launches(previous)]
+            if args.add_seeds:
+                # More seeds of jobs an earlier launch ran (the first one's, or rows added later).
+                same = [launch for launch in launches(previous)
+                        if jobs_but_seeds(launch.get("launch_command", [])) == jobs_but_seeds(plan.command)]
+                # (a launch recorded before table_meta.json kept its seeds: every seed on disk counts)
+                taken = sorted({s for launch in same for s in launch.get("seeds") or seeds_on_disk(plan.runs_dir)}
+                               & set(plan.seeds))
+                if not same:
+                    problem = (f"these jobs differ from every earlier launch of the table (the first: "
+                               f"`{previous.get('command')}`) in more than their seeds: pass the same variants and "
+                               "`--` overrides (rows with other overrides go in with --add-rows)")
+                elif taken:
+                    problem = f"seed(s) {taken} already have runs of these jobs in {plan.runs_dir}; choose others"
+                added_what = f"seeds {','.join(map(str, plan.seeds))}"
+            else:
+                repeated = repeated_jobs_problem(earlier, plan.command)
+                if repeated:
+                    problem = (f"these jobs could repeat jobs of an earlier launch (`{repeated}`): --add-rows needs a "
+                               "`--` override giving a key that launch set another value (e.g. `-- algorithm.epochs=4` "
+                               "after `-- algorithm.epochs=1`); more seeds of the same jobs go in with --add-seeds")
+                new = [c for c in jobs_but_seeds(plan.command) if c not in jobs_but_seeds(earlier[0])]
+                added_what = f"rows `{' '.join(new)}` (seeds {','.join(map(str, plan.seeds))})"
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
@@ -195,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     rc, wall_s = run_table(plan, n_jobs, header, launch_notes)
     if previous is not None:
         meta = plan.runs_dir / "table_meta.json"
-        merged = merge_added_seeds(previous, json.loads(meta.read_text()), invocation)
+        merged = merge_added_launch(previous, json.loads(meta.read_text()), invocation, added_what)
         meta.write_text(json.dumps(merged, indent=2))
         header = {k: merged[k] for k in ("command", "machine", "date")}
         launch_notes = merged["launch_notes"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -589,7 +590,7 @@ def test_within_must_name_a_sweep_key(tmp_path):
 
 
 def test_added_seeds_join_the_same_jobs_and_keep_the_first_launch_as_the_tables_header():
-    from grpo_lab.tables.launch import jobs_but_seeds, merge_added_seeds
+    from grpo_lab.tables.launch import jobs_but_seeds, merge_added_launch
 
     first = ["python", "-m", "grpo_lab.train", "-m", "+variant=a,b", "task.test_size=1000", "seed=0,1,2",
              "logger.group=table-t-1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
@@ -597,12 +598,12 @@ def test_added_seeds_join_the_same_jobs_and_keep_the_first_launch_as_the_tables_
              "logger.group=table-t-2"]
     assert jobs_but_seeds(first) == jobs_but_seeds(added)      # seeds, wandb group and launcher may differ
     assert jobs_but_seeds(first) != jobs_but_seeds(added + ["trainer.total_steps=10"])  # a changed job may not
-    merged = merge_added_seeds(
+    merged = merge_added_launch(
         {"command": "make_table.py t", "machine": "m", "date": "d0; wall time 5.0 min for 6 jobs",
          "launch_notes": ["warm-up (9 s)"]},
         {"seeds": [3], "date": "d1; wall time 2.0 min for 2 jobs", "exit_code": 0, "launch_notes": ["warm-up (9 s)",
                                                                                                    "job x failed"]},
-        "make_table.py t --add-seeds 3")
+        "make_table.py t --add-seeds 3", "seeds 3")
     assert merged["command"] == "make_table.py t" and merged["machine"] == "m"
     assert merged["date"] == "d0; wall time 5.0 min for 6 jobs; seeds 3 added d1; wall time 2.0 min for 2 jobs"
     assert merged["launch_notes"] == ["warm-up (9 s)", "seeds 3 added by `make_table.py t --add-seeds 3` on d1; "
@@ -635,5 +636,69 @@ def test_add_seeds_refuses_before_running_anything(tmp_path):
     proc = add("--add-seeds", "0")
     assert proc.returncode == 2 and "seed(s) [0] already have runs" in proc.stderr
     proc = add("--add-seeds", "3", "--", "trainer.total_steps=10")
-    assert proc.returncode == 2 and "differ from the table's first launch (`first`) in more than their seeds" in proc.stderr
+    assert proc.returncode == 2 and "differ from every earlier launch of the table (the first: `first`)" in proc.stderr
     assert sorted(p.name for p in plan.runs_dir.iterdir()) == before
+
+
+def test_added_rows_must_be_jobs_no_earlier_launch_ran():
+    """--add-rows: a launch's jobs are new only when some key has one value in it and another one in each
+    earlier launch; Hydra's parser tells one value from a sweep."""
+    from grpo_lab.tables.launch import repeated_jobs_problem
+
+    def launch(*overrides):
+        return ["python", "-m", "grpo_lab.train", "-m", "task=a,b", "algorithm.clip_low=0.1,0.2", *overrides,
+                "seed=0,1,2", "logger.group=table-t-1", "hydra.sweep.dir=outputs/tables/t"]
+
+    one_epoch = launch("algorithm.epochs=1")
+    assert repeated_jobs_problem([one_epoch], launch("algorithm.epochs=4")) is None
+    assert repeated_jobs_problem([one_epoch], launch("++algorithm.epochs=4")) is None   # the same key
+    # the same jobs (any seeds), a key the first launch left at its default, or a sweep over the old value
+    assert repeated_jobs_problem([one_epoch], launch("algorithm.epochs=1")) == shlex.join(one_epoch)
+    assert repeated_jobs_problem([one_epoch], launch("algorithm.epochs=1", "trainer.total_steps=10")) is not None
+    assert repeated_jobs_problem([one_epoch], launch("algorithm.epochs=1,4")) is not None
+    assert repeated_jobs_problem([launch()], launch("algorithm.epochs=4")) is not None
+    # new to the first launch but not to rows added since
+    four = launch("algorithm.epochs=4")
+    assert repeated_jobs_problem([one_epoch, four], launch("algorithm.epochs=4")) == shlex.join(four)
+    assert repeated_jobs_problem([one_epoch, four], launch("algorithm.epochs=2")) is None
+    # a list value is one value
+    assert repeated_jobs_problem([launch("k=[1,2]")], launch("k=[1,3]")) is None
+
+
+def test_add_rows_refuses_before_running_anything_and_add_seeds_finds_added_rows(tmp_path):
+    """--add-rows fails in seconds, leaving the runs as they were, when it could repeat a job; once rows were
+    added, --add-seeds recognises their jobs (not only the first launch's) and their seeds."""
+    spec_path = write_spec(tmp_path, """
+        title: t
+        paper_finding: "x (arXiv 0000.00000)"
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0]}
+          - {name: b, overrides: [rollout.temperature=0.9]}
+    """)
+
+    def make_table(*args):
+        return subprocess.run([sys.executable, "scripts/make_table.py", str(spec_path), "--runs-root",
+                               str(tmp_path / "runs"), *args], cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+
+    proc = make_table("--add-rows", "--", "trainer.total_steps=4")
+    assert proc.returncode == 2 and "run the table first (without --add-rows)" in proc.stderr
+    first = make_plan(load_spec(spec_path), runs_root=tmp_path / "runs", extra=["trainer.total_steps=2"])
+    rows = make_plan(load_spec(spec_path), runs_root=tmp_path / "runs", extra=["trainer.total_steps=4"], seeds=[0])
+    for v in ("a", "b"):
+        _fake_run(first.runs_dir / f"{v}0", v, 0, 0.5, extra="- trainer.total_steps=2\n")
+    (first.runs_dir / "table_meta.json").write_text(json.dumps({
+        "command": "first", "launch_command": first.command, "seeds": [0],
+        "added_launches": [{"launch_command": rows.command, "seeds": [0]}]}))
+    before = sorted(p.name for p in first.runs_dir.iterdir())
+    for extra in (["trainer.total_steps=2"], ["trainer.total_steps=4"], ["trainer.total_steps=2", "task.test_size=9"]):
+        proc = make_table("--add-rows", "--", *extra)
+        assert proc.returncode == 2 and "could repeat jobs of an earlier launch" in proc.stderr, proc.stderr
+    proc = make_table("--add-rows", "--add-seeds", "1", "--", "trainer.total_steps=8")
+    assert proc.returncode == 2 and "two different launches" in proc.stderr
+    proc = make_table("--add-seeds", "0", "--", "trainer.total_steps=4")
+    assert proc.returncode == 2 and "seed(s) [0] already have runs of these jobs" in proc.stderr
+    assert sorted(p.name for p in first.runs_dir.iterdir()) == before
+    # seed 1 of the added rows' jobs passes every check (the dry run stops before launching)
+    proc = make_table("--add-seeds", "1", "--dry-run", "--", "trainer.total_steps=4")
+    assert proc.returncode == 0 and "2 jobs validated" in proc.stderr, proc.stderr

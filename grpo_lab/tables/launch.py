@@ -77,15 +77,44 @@ def jobs_but_seeds(command: list[str]) -> list[str]:
     return [c for c in command if not c.startswith(("seed=", "logger.group=", "hydra/launcher=", "hydra.launcher."))]
 
 
-def merge_added_seeds(previous: dict, added: dict, invocation: str) -> dict:
-    """table_meta.json after `--add-seeds`: the first launch's command, machine and date stay the table's;
-    the added launch becomes a launch note with its own date, wall time and exit status."""
+def launches(meta: dict) -> list[dict]:
+    """Every launch a table's table_meta.json records: the first, then each added one (--add-seeds, --add-rows)."""
+    return [meta, *meta.get("added_launches", [])]
+
+
+def single_valued_overrides(command: list[str]) -> dict[str, str]:
+    """key -> value of a multirun command's overrides that give their key one value (not a comma list
+    or sweep function), past what `jobs_but_seeds` drops. Hydra's parser decides, so `k=[1,2]` (one
+    list value) counts and `k=1,2` does not."""
+    items = [c for c in jobs_but_seeds(command) if "=" in c and not c.startswith("hydra.")]
+    parsed = overrides_parser().parse_overrides(items)
+    return {override_key(o.get_key_element()): o.get_value_element_as_str() for o in parsed
+            if not o.is_sweep_override()}
+
+
+def repeated_jobs_problem(earlier: list[list[str]], command: list[str]) -> str | None:
+    """Why a launch's jobs might repeat jobs of an earlier launch of the same table, or None.
+
+    Jobs of two launches are disjoint when some key has one value in each and the values differ
+    (`-- algorithm.epochs=4` after `-- algorithm.epochs=1`): then no job can be in both, whatever
+    the seeds. Anything less (a new key, a wider list) could run a row's seed twice."""
+    new = single_valued_overrides(command)
+    for cmd in earlier:
+        old = single_valued_overrides(cmd)
+        if not any(k in old and old[k] != v for k, v in new.items()):
+            return shlex.join(cmd)
+    return None
+
+
+def merge_added_launch(previous: dict, added: dict, invocation: str, what: str) -> dict:
+    """table_meta.json after `--add-seeds` or `--add-rows` (`what` the launch added, e.g. "seeds 3,4"): the
+    first launch's command, machine and date stay the table's; the added launch becomes a launch note
+    with its own date, wall time and exit status, and its date and wall time join the header's date line."""
     merged = dict(previous)
-    note = (f"seeds {','.join(map(str, added['seeds']))} added by `{invocation}` on {added['date']} "
-            f"(exit {added['exit_code']})")
+    note = f"{what} added by `{invocation}` on {added['date']} (exit {added['exit_code']})"
     merged["launch_notes"] = previous.get("launch_notes", []) + [note] + [
         n for n in added.get("launch_notes", []) if n not in previous.get("launch_notes", [])]
-    merged["date"] = f"{previous['date']}; seeds {','.join(map(str, added['seeds']))} added {added['date']}"
+    merged["date"] = f"{previous['date']}; {what} added {added['date']}"
     merged["added_launches"] = previous.get("added_launches", []) + [added]
     return merged
 
