@@ -60,7 +60,9 @@ def test_replicas_return_what_one_engine_returns_and_all_take_new_weights(model_
         assert b.group_ids == a.group_ids == [i for i in range(7) for _ in range(2)]
         assert b.completion_ids == a.completion_ids and b.prompt_ids == a.prompt_ids
         for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
-            torch.testing.assert_close(torch.tensor(y), torch.tensor(x), rtol=0, atol=1e-5)
+            # Same tokens; logprobs up to fp32 rounding of kernels picked by batch shape (a shard of 2-3 prompts
+            # vs all 7): 2.9e-5 seen after the push on a fresh .venv, so 1e-4.
+            torch.testing.assert_close(torch.tensor(y), torch.tensor(x), rtol=0, atol=1e-4)
         if push:
             assert a.completion_ids != before
         before = a.completion_ids
