@@ -610,9 +610,8 @@ def test_added_seeds_join_the_same_jobs_and_keep_the_first_launch_as_the_tables_
                                       "wall time 2.0 min for 2 jobs (exit 0)", "job x failed"]
 
 
-def test_add_seeds_refuses_before_running_anything(tmp_path):
-    """--add-seeds: no first launch, a seed the table already holds, or jobs that differ in more than their
-    seeds each fail in seconds with what to change, and nothing on disk moves."""
+def _two_variant_table(tmp_path):
+    """A two-variant table spec and a runner of scripts/make_table.py on it (runs under tmp_path/runs)."""
     spec_path = write_spec(tmp_path, """
         title: t
         paper_finding: "x (arXiv 0000.00000)"
@@ -621,10 +620,18 @@ def test_add_seeds_refuses_before_running_anything(tmp_path):
           - {name: b, overrides: [rollout.temperature=0.9]}
     """)
 
-    def add(*args):
+    def make_table(*args):
         return subprocess.run([sys.executable, "scripts/make_table.py", str(spec_path), "--runs-root",
                                str(tmp_path / "runs"), *args], cwd=REPO, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+
+    return spec_path, make_table
+
+
+def test_add_seeds_refuses_before_running_anything(tmp_path):
+    """--add-seeds: no first launch, a seed the table already holds, or jobs that differ in more than their
+    seeds each fail in seconds with what to change, and nothing on disk moves."""
+    spec_path, add = _two_variant_table(tmp_path)
 
     proc = add("--add-seeds", "3")
     assert proc.returncode == 2 and "run the table first (without --add-seeds)" in proc.stderr
@@ -668,18 +675,7 @@ def test_added_rows_must_be_jobs_no_earlier_launch_ran():
 def test_add_rows_refuses_before_running_anything_and_add_seeds_finds_added_rows(tmp_path):
     """--add-rows fails in seconds, leaving the runs as they were, when it could repeat a job; once rows were
     added, --add-seeds recognises their jobs (not only the first launch's) and their seeds."""
-    spec_path = write_spec(tmp_path, """
-        title: t
-        paper_finding: "x (arXiv 0000.00000)"
-        variants:
-          - {name: a, overrides: [rollout.temperature=1.0]}
-          - {name: b, overrides: [rollout.temperature=0.9]}
-    """)
-
-    def make_table(*args):
-        return subprocess.run([sys.executable, "scripts/make_table.py", str(spec_path), "--runs-root",
-                               str(tmp_path / "runs"), *args], cwd=REPO, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    spec_path, make_table = _two_variant_table(tmp_path)
 
     proc = make_table("--add-rows", "--", "trainer.total_steps=4")
     assert proc.returncode == 2 and "run the table first (without --add-rows)" in proc.stderr
