@@ -40,6 +40,7 @@ from grpo_lab.tables.findings import build
 from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, launches, machine_description,
                                     merge_added_launch, repeated_jobs_problem, run_table, seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
+from grpo_lab.tables.record import restore
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -85,7 +86,7 @@ def refresh_readme(plan, result: dict) -> None:
         readme_tables.main([])
 
 
-def finish_sft_controls(plan, args, invocation: str) -> int:
+def finish_sft_controls(plan, args, invocation: str, restored: list[str]) -> int:
     """--sft-only: the SFT controls the table's launch did not complete (stopped for time, say), for every
     seed its RL runs hold, then the table rebuilt from all runs. The first launch's header stays, its
     date line extended by this launch's date and wall time; the launch is also a note."""
@@ -101,6 +102,7 @@ def finish_sft_controls(plan, args, invocation: str) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     previous = json.loads(meta.read_text())
+    previous["launch_notes"] = previous.get("launch_notes", []) + restored
     plan.seeds = sorted(seeds_on_disk(plan.runs_dir))
     started = time.time()
     date = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -142,6 +144,20 @@ def main(argv: list[str] | None = None) -> int:
     for w in plan.warnings:
         print(f"[make_table] warning: {w}", file=sys.stderr)
 
+    restored: list[str] = []
+    if (args.report_only or args.sft_only or args.add_seeds or args.add_rows) and not plan.smoke:
+        # A fresh checkout has the table's committed record but not its run directories: bring those
+        # back first, so the table is extended (or rebuilt) and never replaced (grpo_lab/tables/record.py).
+        try:
+            restored = restore(plan)
+        except FileNotFoundError:
+            pass   # nothing to restore: the checks below say what to run first
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for note in restored:
+            print(f"[make_table] {note}", file=sys.stderr)
+        launch_notes += restored
     if args.report_only:
         if not plan.runs_dir.exists():
             print(f"error: {plan.runs_dir} does not exist: run the table first", file=sys.stderr)
@@ -157,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.sft_only:
-        return finish_sft_controls(plan, args, invocation)
+        return finish_sft_controls(plan, args, invocation, restored)
 
     created = not plan.runs_dir.exists()
     previous, added_what = None, None

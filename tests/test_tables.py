@@ -698,3 +698,129 @@ def test_add_rows_refuses_before_running_anything_and_add_seeds_finds_added_rows
     # seed 1 of the added rows' jobs passes every check (the dry run stops before launching)
     proc = make_table("--add-seeds", "1", "--dry-run", "--", "trainer.total_steps=4")
     assert proc.returncode == 0 and "2 jobs validated" in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------ a table's committed record (record.py)
+
+RECORD_SPECS = {
+    # rows named by their variant
+    "by_overrides": """
+        title: record
+        paper_finding: "b beats a (arXiv 0000.00000)"
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0]}
+          - {name: b, overrides: [rollout.temperature=0.9]}
+        baseline: a
+        target: 0.6
+    """,
+    # rows grouped by a config key: the record's labels name no variant; the spec's overrides tell which
+    "by_config": """
+        title: record
+        paper_finding: "b beats a (arXiv 0000.00000)"
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0]}
+          - {name: b, overrides: [rollout.temperature=0.9]}
+        baseline: a
+        group_by: [rollout.temperature]
+        paper_direction: {b: better}
+        target: 0.6
+    """,
+}
+
+
+def _recorded_table(tmp_path: Path, body: str):
+    """A built table (3 seeds of a and b, one failed run) with its table_meta.json, as a launch leaves it."""
+    spec_path = write_spec(tmp_path, body)
+    plan = make_plan(load_spec(spec_path), runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    temperature = {"a": 1.0, "b": 0.9}
+
+    def run(d, variant, seed, acc, **kw):
+        _fake_run(d, variant, seed, acc, **kw)
+        (d / "config.yaml").write_text(f"seed: {seed}\nrun_name: {variant}_s{seed}\n"
+                                       f"rollout: {{temperature: {temperature[variant]}}}\n")
+
+    for i, (acc_a, acc_b) in enumerate([(0.60, 0.70), (0.62, 0.71), (0.61, 0.72)]):
+        run(plan.runs_dir / f"{2 * i}_a_s{i}", "a", i, acc_a)
+        run(plan.runs_dir / f"{2 * i + 1}_b_s{i}", "b", i, acc_b)
+    run(plan.runs_dir / "6_b_s3", "b", 3, None, status="failed")
+    (plan.runs_dir / "table_meta.json").write_text(json.dumps({
+        "command": "python scripts/make_table.py t", "machine": "m", "date": "d0; wall time 1.0 min for 7 jobs",
+        "launch_notes": ["warm-up (9 s)"], "launch_command": plan.command, "seeds": [0, 1, 2, 3]}))
+    return spec_path, plan
+
+
+@pytest.mark.parametrize("kind", sorted(RECORD_SPECS))
+def test_a_table_restored_from_its_committed_record_is_the_same_table(tmp_path, kind):
+    """tables/<name>_runs.csv + tables/<name>_meta.json stand in for run directories a fresh checkout lacks:
+    the table rebuilt from them has the same cells, per-run values, paired findings and failed runs."""
+    from grpo_lab.tables.record import restore
+
+    spec_path, plan = _recorded_table(tmp_path, RECORD_SPECS[kind])
+    header = {"command": "python scripts/make_table.py t", "machine": "m", "date": "d0"}
+    first = build(plan, header_extra=header, launch_notes=["warm-up (9 s)"])
+    assert first["meta"] == tmp_path / "tables" / f"{plan.spec.name}_meta.json"
+    saved = {p.name: p.read_text() for p in (tmp_path / "tables").iterdir() if p.suffix in (".csv", ".json", ".md")}
+    stem = plan.spec.name
+    assert json.loads(saved[f"{stem}_meta.json"])["seeds"] == [0, 1, 2, 3]
+
+    import shutil
+    shutil.rmtree(plan.runs_dir)                                   # a fresh checkout: no outputs/
+    notes = restore(plan)
+    assert notes and notes[0].startswith("7 runs (seeds 0,1,2,3) restored from")
+    assert restore(plan) == []                                     # a second restore changes nothing
+    again = build(plan, header_extra=header, launch_notes=["warm-up (9 s)"])
+    for name in (f"{stem}.csv", f"{stem}_runs.csv", f"{stem}_findings.json"):
+        assert (tmp_path / "tables" / name).read_text() == saved[name], name
+    md = again["md"].read_text()
+    assert md == saved[f"{stem}.md"]
+    # b − a = .10, .09, .11 -> +10.0 ± 2.5 pp, paired by seed, as computed from the run directories
+    assert "| b | 71.0 ± 2.5 (n=3) | +10.0 ± 2.5 |" in md and "3 ok / 1 failed |" in md
+    # the reach column counts a recorded run that reached the target, as the table built from its metrics did
+    assert "38,400 ± 0 (3/3 reached)" in md and "RuntimeError: boom" in md
+    restored = json.loads((plan.runs_dir / "1_b_s0" / "summary.json").read_text())
+    assert restored["recorded"]["final_acc"] == 0.7 and restored["final"] == {"eval/accuracy": 0.7}
+
+
+def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
+    """--add-seeds in a checkout without the table's run directories: the record is restored first, the
+    seeds it holds are refused, a new seed passes every check (dry run) and nothing is replaced."""
+    spec_path, plan = _recorded_table(tmp_path, RECORD_SPECS["by_overrides"])
+    build(plan, header_extra={"command": "first"}, launch_notes=[])
+    import shutil
+    shutil.rmtree(plan.runs_dir)
+
+    def make_table(*args):
+        return subprocess.run([sys.executable, "scripts/make_table.py", str(spec_path), "--runs-root",
+                               str(tmp_path / "runs"), "--tables-root", str(tmp_path / "tables"), *args], cwd=REPO,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+
+    proc = make_table("--add-seeds", "2")
+    assert proc.returncode == 2 and "seed(s) [2] already have runs of these jobs" in proc.stderr, proc.stderr
+    assert "7 runs (seeds 0,1,2,3) restored from" in proc.stderr
+    proc = make_table("--add-seeds", "4", "--dry-run")
+    assert proc.returncode == 0 and "2 jobs validated" in proc.stderr, proc.stderr
+    proc = make_table("--add-seeds", "4", "--dry-run", "--", "trainer.total_steps=10")
+    assert proc.returncode == 2 and "differ from every earlier launch" in proc.stderr
+    assert len([d for d in plan.runs_dir.iterdir() if (d / "summary.json").exists()]) == 7
+    # Without a record (nor run directories) it still says what to run first.
+    (tmp_path / "tables" / f"{plan.spec.name}_meta.json").unlink()
+    shutil.rmtree(plan.runs_dir)
+    proc = make_table("--add-seeds", "4")
+    assert proc.returncode == 2 and "run the table first (without --add-seeds)" in proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "tables").glob("*.md")))
+def test_every_committed_table_rebuilds_from_its_record(name, tmp_path):
+    """Each committed table can be extended by a later session: --report-only in a checkout without its
+    runs restores them from tables/<name>_runs.csv and _meta.json and rebuilds the same numbers."""
+    import shutil
+    tables = tmp_path / "tables"
+    shutil.copytree(REPO / "tables", tables)
+    proc = subprocess.run([sys.executable, "scripts/make_table.py", name, "--report-only", "--tables-root", str(tables),
+                           "--runs-root", str(tmp_path / "runs")], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for f in (f"{name}.csv", f"{name}_findings.json"):
+        assert (tables / f).read_text() == (REPO / "tables" / f).read_text(), f
+    committed = (REPO / "tables" / f"{name}_runs.csv").read_text().replace(f"outputs/tables/{name}/", "")
+    assert (tables / f"{name}_runs.csv").read_text().replace(f"{tmp_path}/runs/{name}/", "") == committed

@@ -105,6 +105,13 @@ class Run:
     def seed(self) -> Any:
         return self.config_get("seed", self.override_map.get("seed"))
 
+    @property
+    def recorded(self) -> dict[str, Any] | None:
+        """Per-column values of a run restored from a committed table record (grpo_lab/tables/record.py):
+        its directory holds no metrics, only what the table's runs CSV said. None for a real run."""
+        rec = (self.summary or {}).get("recorded")
+        return rec if isinstance(rec, dict) else None
+
 
 def display_path(path: str | os.PathLike) -> str:
     """`path` relative to the working directory (the project, for make targets) when it lies inside it,

@@ -236,15 +236,24 @@ class Cell:
     of: int  # runs in the statistics (completed ones); for reach columns: runs that had evals
 
 
+def column_value(column: Column, run: Run, ctx: Context) -> float | None:
+    """`column`'s value for `run`: computed from its metrics, or for a run restored from a table's
+    committed record (no metrics) the value that record holds (None when it did not have the column)."""
+    if run.recorded is not None:
+        return _num(run.recorded.get(column.name))
+    return column.value(run, ctx)
+
+
 def compute_cell(
     column: Column, runs: Sequence[Run], ctx: Context, confidence: float = 0.95
 ) -> Cell:
-    values = [column.value(r, ctx) for r in runs]
+    values = [column_value(column, r, ctx) for r in runs]
     if column.reach_x and ctx.target is None:
         of = 0  # no target asked for: the cell is "–", not "0/3 reached"
     elif column.reach_x:
-        # seeds that never evaluated cannot have "not reached"; leave them out of the denominator
-        of = sum(bool(series(r, ACC, column.reach_x)[1]) for r in runs)
+        # seeds that never evaluated cannot have "not reached"; leave them out of the denominator (a
+        # recorded run was counted when its table was built: it has a value or it did not reach)
+        of = sum(r.recorded is not None or bool(series(r, ACC, column.reach_x)[1]) for r in runs)
     else:
         of = len(runs)
     mean, half, n = mean_ci(values, confidence)
@@ -419,7 +428,7 @@ def write_runs_csv(groups: Sequence[Group], columns: Sequence[Column], ctx: Cont
         w.writerow(["group", "run", "path", "status", "seed", "error"] + [c.name for c in columns])
         for g in groups:
             for r in g.runs:
-                vals = [column.value(r, ctx) for column in columns]
+                vals = [column_value(column, r, ctx) for column in columns]
                 w.writerow(
                     [g.label, r.name, display_path(r.path), r.status, "" if r.seed is None else r.seed,
                      _short_error(r.error) if not r.ok else ""]

@@ -9,6 +9,7 @@ import math
 from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, paired_diff_ci, t_ppf, welch_diff_ci
 from grpo_lab.report.stats import seeds_for_half_width
 from grpo_lab.report.table import ACC, SAMPLED_ACC, final_value
+from grpo_lab.tables.record import write_meta
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import VARIANT_GROUP, TableSpec, override_key, selector_terms
 
@@ -293,4 +294,6 @@ def build(plan: Plan, *, header_extra: dict[str, str], launch_notes: list[str]) 
                           title=title, header=header, columns=spec.columns, ignore=ignore)
     result["findings"] = numbers
     (plan.out.parent / f"{plan.out.name}_findings.json").write_text(json.dumps(numbers, indent=2, default=str))
+    # With the runs CSV just written, the table's committed record: a fresh checkout can extend it.
+    result["meta"] = write_meta(plan)
     return result

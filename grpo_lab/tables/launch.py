@@ -73,8 +73,11 @@ def seeds_on_disk(runs_dir: Path) -> set[int]:
 
 def jobs_but_seeds(command: list[str]) -> list[str]:
     """A multirun command without the parts that may differ between two launches of the same table's jobs
-    (seeds, the wandb group's time stamp, how jobs are launched): equal for launches whose rows may merge."""
-    return [c for c in command if not c.startswith(("seed=", "logger.group=", "hydra/launcher=", "hydra.launcher."))]
+    (the interpreter, seeds, the wandb group's time stamp, how jobs are launched, and the paths of the
+    table's own directory, which a launch restored in another checkout names differently): equal for
+    launches whose rows may merge."""
+    return [c for c in command[1:] if not c.startswith(("seed=", "logger.group=", "hydra/launcher=", "hydra.launcher.",
+                                                        "hydra.sweep.dir=", "hydra.searchpath="))]
 
 
 def launches(meta: dict) -> list[dict]:
@@ -111,7 +114,10 @@ def merge_added_launch(previous: dict, added: dict, invocation: str, what: str) 
     first launch's command, machine and date stay the table's; the added launch becomes a launch note
     with its own date, wall time and exit status, and its date and wall time join the header's date line."""
     merged = dict(previous)
-    note = f"{what} added by `{invocation}` on {added['date']} (exit {added['exit_code']})"
+    # Seeds run on another machine pair only among themselves (every row of a seed is in one launch),
+    # but per-run numbers differ across machines (fp32 kernels): the note names the machine.
+    where = f" on {added['machine']}" if added.get("machine") and added["machine"] != previous.get("machine") else ""
+    note = f"{what} added by `{invocation}` on {added['date']}{where} (exit {added['exit_code']})"
     merged["launch_notes"] = previous.get("launch_notes", []) + [note] + [
         n for n in added.get("launch_notes", []) if n not in previous.get("launch_notes", [])]
     merged["date"] = f"{previous['date']}; {what} added {added['date']}"

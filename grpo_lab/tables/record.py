@@ -1,0 +1,173 @@
+"""A table's committed record: what a fresh checkout needs to extend a table whose runs it does not have.
+
+Every session and every CI run starts from a fresh clone, and outputs/ is not in git, so the run
+directories behind tables/<name>.md are gone by the next session: `--add-seeds` found no table to add
+to, and each table could only grow as far as one session's hours reached (the DAPO ladder needs 16
+seeds at ~16 min each). Two committed files carry a table over:
+
+    tables/<name>_runs.csv   every run: group label, name, path, status, seed, error, and the value of
+                             each of the table's columns (report/table.py `write_runs_csv`)
+    tables/<name>_meta.json  its launches: <runs dir>/table_meta.json with project-relative paths
+                             (commands, seeds, dates, wall times, launch notes)
+
+`restore(plan)` turns them back into <runs dir>/table_meta.json and one *recorded run* per CSV row
+whose directory is missing: summary.json with the row's status, error, `final` accuracies and its
+column values under `recorded`, config.yaml and .hydra/overrides.yaml from its group label and seed,
+and no metrics.jsonl. The table reads a recorded run's cells from `recorded` (`Run.recorded`), the
+findings its final accuracies, and its seed pairs it with the other rows of that seed exactly as
+before. It has no learning curve, so the plot draws the runs that have one. New seeds are run as
+whole seeds (every row), so a paired difference never mixes two launches within one seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import yaml
+
+from grpo_lab.tables.plan import Plan
+from grpo_lab.tables.spec import ROOT, VARIANT_GROUP, override_key, overrides_parser
+
+RESTORED_FROM = "restored_from"
+
+
+def record_paths(plan: Plan) -> tuple[Path, Path]:
+    """(runs CSV, meta JSON) of the table `plan` writes (tables/<name>_runs.csv, tables/<name>_meta.json)."""
+    return (plan.out.with_name(plan.out.name + "_runs.csv"), plan.out.with_name(plan.out.name + "_meta.json"))
+
+
+def _project_relative(value):
+    """`value` with this checkout's absolute path taken out of every string (lists and dicts walked), so a
+    committed record names project paths and matches a clone in another folder."""
+    if isinstance(value, str):
+        return value.replace(f"{ROOT}/", "").replace(str(ROOT), ".")
+    if isinstance(value, list):
+        return [_project_relative(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _project_relative(v) for k, v in value.items()}
+    return value
+
+
+def write_meta(plan: Plan) -> Path | None:
+    """Copy <runs dir>/table_meta.json next to the table (tables/<name>_meta.json), project-relative."""
+    src = plan.runs_dir / "table_meta.json"
+    if not src.exists():
+        return None
+    from grpo_lab.report.runs import display_path
+
+    dest = record_paths(plan)[1]
+    # runs_dir: where the runs CSV's paths point (the same display_path the CSV was written with).
+    meta = {**_project_relative(json.loads(src.read_text())), "runs_dir": display_path(plan.runs_dir)}
+    dest.write_text(json.dumps(meta, indent=2) + "\n")
+    return dest
+
+
+def label_pairs(label: str) -> list[tuple[str, str]]:
+    """The (key, value) pairs of a group label as report/runs.py writes it ("variant=grpo, task=chain_sum")."""
+    pairs = []
+    for item in label.split(", "):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"group label {label!r} is not 'key=value, ...'")
+        pairs.append((key, value))
+    return pairs
+
+
+def _nested(pairs: list[tuple[str, str]]) -> dict:
+    """{"algorithm.clip_low": "0.1"} -> {"algorithm": {"clip_low": "0.1"}}: config keys a table groups by."""
+    out: dict = {}
+    for key, value in pairs:
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def _number(text: str) -> float | None:
+    return None if text in ("", None) else float(text)
+
+
+def variant_of(pairs: list[tuple[str, str]], plan: Plan) -> str | None:
+    """The variant a row's group label stands for: named in it, or, when the table groups by config keys
+    (`group_by`, e.g. group_size's G2 = rollout.group_size=2 + trainer.prompts_per_step=128), the one
+    variant whose overrides give every key of the label its value."""
+    named = dict(pairs).get(VARIANT_GROUP)
+    if named is not None or not plan.variants:
+        return named
+    parser = overrides_parser()
+    found = []
+    for variant, overrides in plan.variants:
+        given = {override_key(o): parser.parse_override(o).get_value_element_as_str() for o in overrides}
+        if all(given.get(k) == v for k, v in pairs):
+            found.append(variant.name)
+    return found[0] if len(found) == 1 else None
+
+
+def write_recorded_run(run_dir: Path, row: dict[str, str], columns: list[str], source: str,
+                       variant: str | None = None) -> None:
+    """One recorded run from its runs-CSV row (see the module docstring)."""
+    pairs = label_pairs(row["group"])
+    if variant is not None and VARIANT_GROUP not in dict(pairs):
+        pairs.append((VARIANT_GROUP, variant))
+    seed = int(row["seed"]) if row["seed"] != "" else None
+    recorded = {c: _number(row[c]) for c in columns}
+    final = {k: recorded[c] for c, k in (("final_acc", "eval/accuracy"), ("final_sampled_acc", "eval/sampled_accuracy"))
+             if recorded.get(c) is not None}
+    run_dir.mkdir(parents=True)
+    (run_dir / ".hydra").mkdir()
+    overrides = [f"{'+' if k == VARIANT_GROUP else ''}{k}={v}" for k, v in pairs]
+    if seed is not None:
+        overrides.append(f"seed={seed}")
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**_nested(pairs), "seed": seed, "run_name": row["run"]}))
+    (run_dir / "summary.json").write_text(json.dumps({
+        "status": row["status"], "error": row["error"] or None, "run_name": row["run"], "overrides": overrides,
+        "final": final, "recorded": recorded, RESTORED_FROM: source}, indent=2))
+
+
+def restore(plan: Plan) -> list[str]:
+    """Rebuild a table's runs directory from its committed record when the directory has no
+    table_meta.json (a fresh checkout). Returns launch notes saying what was restored ([] if nothing was).
+    Raises FileNotFoundError naming what is missing when there is neither a runs directory nor a record."""
+    if (plan.runs_dir / "table_meta.json").exists():
+        return []
+    runs_csv, meta = record_paths(plan)
+    missing = [p for p in (runs_csv, meta) if not p.exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"{plan.runs_dir / 'table_meta.json'} does not exist and the table has no committed record "
+            f"({', '.join(_project_relative(str(p)) for p in missing)} missing): run the table first")
+    with open(runs_csv, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        columns = [c for c in reader.fieldnames or [] if c not in ("group", "run", "path", "status", "seed", "error")]
+        rows = list(reader)
+    source = _project_relative(str(runs_csv))
+    # Where the runs were when the CSV was written: each run goes to the same place under this plan's
+    # runs directory, which --runs-root may have moved.
+    recorded_dir = json.loads(meta.read_text())["runs_dir"]
+    restored = 0
+    for row in rows:
+        try:
+            run_dir = plan.runs_dir / Path(row["path"]).relative_to(recorded_dir)
+        except ValueError:
+            raise ValueError(f"{source}: run {row['run']!r} has path {row['path']!r}, outside the table's runs "
+                             f"directory when it ran ({recorded_dir}, {_project_relative(str(meta))})") from None
+        if run_dir.exists():
+            continue
+        variant = variant_of(label_pairs(row["group"]), plan)
+        if plan.variants and variant is None:
+            raise ValueError(f"{source}: no single variant of {plan.spec.path.name} gives row {row['group']!r} "
+                             f"(run {row['run']!r}) its values: the table's variants changed since it ran; "
+                             "relaunch it (without --add-seeds / --report-only)")
+        write_recorded_run(run_dir, row, columns, source, variant)
+        restored += 1
+    plan.runs_dir.mkdir(parents=True, exist_ok=True)
+    (plan.runs_dir / "table_meta.json").write_text(meta.read_text())
+    seeds = sorted({int(r["seed"]) for r in rows if r["seed"] != ""})
+    return [f"{restored} runs (seeds {','.join(map(str, seeds))}) restored from {source} and "
+            f"{_project_relative(str(meta))}: their run directories were not on this machine; the table reads "
+            "their recorded values, and the plot draws only runs with learning curves"]
