@@ -767,10 +767,13 @@ def test_a_table_restored_from_its_committed_record_is_the_same_table(tmp_path, 
     shutil.rmtree(plan.runs_dir)                                   # a fresh checkout: no outputs/
     notes = restore(plan)
     assert notes and notes[0].startswith("7 runs (seeds 0,1,2,3) restored from")
+    assert notes[0].endswith("with their learning curves")
     assert restore(plan) == []                                     # a second restore changes nothing
     again = build(plan, header_extra=header, launch_notes=["warm-up (9 s)"])
-    for name in (f"{stem}.csv", f"{stem}_runs.csv", f"{stem}_findings.json"):
+    for name in (f"{stem}.csv", f"{stem}_runs.csv", f"{stem}_findings.json", f"{stem}_curves.csv"):
         assert (tmp_path / "tables" / name).read_text() == saved[name], name
+    # header + 2 evaluations of each of the 6 completed runs + the failed one's step-0 evaluation
+    assert saved[f"{stem}_curves.csv"].count("\n") == 1 + 6 * 2 + 1
     md = again["md"].read_text()
     assert md == saved[f"{stem}.md"]
     # b − a = .10, .09, .11 -> +10.0 ± 2.5 pp, paired by seed, as computed from the run directories

@@ -18,6 +18,7 @@ from .table import (
     table_markdown,
     warnings_markdown,
     write_csv,
+    write_curves_csv,
     write_runs_csv,
 )
 
@@ -49,8 +50,8 @@ def build_report(
 
     Args:
         paths: sweep / run directories or glob patterns, searched recursively.
-        out: output stem; writes <out>.md, <out>.csv (per group), <out>_runs.csv (per run) and
-            <out>.png (learning curves).
+        out: output stem; writes <out>.md, <out>.csv (per group), <out>_runs.csv (per run),
+            <out>.png (learning curves) and <out>_curves.csv (the plotted values, per run).
         group_by: dotted config keys to group by; default: the overrides that vary, minus seed.
         target: accuracy (fraction, e.g. 0.6) for the samples/steps-to-target column.
         x: "samples" or "step", for the plot and the default first-reach column.
@@ -85,6 +86,7 @@ def build_report(
     stem.parent.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = stem.with_suffix(".md"), stem.with_suffix(".csv")
     runs_csv_path = stem.with_name(stem.name + "_runs.csv")
+    curves_csv_path = stem.with_name(stem.name + "_curves.csv")
     png_path = stem.with_suffix(".png")
 
     from .plots import plot_curves  # matplotlib is slow to import; only pay for it here
@@ -95,6 +97,7 @@ def build_report(
     )
     write_csv(table, csv_path)
     write_runs_csv(groups, table.columns, table.ctx, runs_csv_path)
+    write_curves_csv(runs, metric, curves_csv_path)
 
     table_md = table_markdown(table)
     markdown = _compose_markdown(
@@ -108,6 +111,7 @@ def build_report(
         "md": md_path,
         "csv": csv_path,
         "runs_csv": runs_csv_path,
+        "curves_csv": curves_csv_path,
         "png": png_path,
         "groups": groups,
         "keys": keys,

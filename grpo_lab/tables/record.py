@@ -9,14 +9,16 @@ seeds at ~16 min each). Two committed files carry a table over:
                              each of the table's columns (report/table.py `write_runs_csv`)
     tables/<name>_meta.json  its launches: <runs dir>/table_meta.json with project-relative paths
                              (commands, seeds, dates, wall times, launch notes)
+    tables/<name>_curves.csv every run's plotted learning curve (report/table.py `write_curves_csv`)
 
 `restore(plan)` turns them back into <runs dir>/table_meta.json and one *recorded run* per CSV row
 whose directory is missing: summary.json with the row's status, error, `final` accuracies and its
 column values under `recorded`, config.yaml and .hydra/overrides.yaml from its group label and seed,
-and no metrics.jsonl. The table reads a recorded run's cells from `recorded` (`Run.recorded`), the
-findings its final accuracies, and its seed pairs it with the other rows of that seed exactly as
-before. It has no learning curve, so the plot draws the runs that have one. New seeds are run as
-whole seeds (every row), so a paired difference never mixes two launches within one seed.
+and a metrics.jsonl holding only its curve. The table reads a recorded run's cells from `recorded`
+(`Run.recorded`), the findings its final accuracies, the plot its curve, and its seed pairs it with
+the other rows of that seed exactly as before. New seeds are run as whole seeds (every row), so a
+paired difference never mixes two launches within one seed. (Tables committed before the curves
+file existed restore without curves: their plot draws the runs that have one.)
 """
 
 from __future__ import annotations
@@ -33,9 +35,27 @@ from grpo_lab.tables.spec import ROOT, VARIANT_GROUP, override_key, overrides_pa
 RESTORED_FROM = "restored_from"
 
 
-def record_paths(plan: Plan) -> tuple[Path, Path]:
-    """(runs CSV, meta JSON) of the table `plan` writes (tables/<name>_runs.csv, tables/<name>_meta.json)."""
-    return (plan.out.with_name(plan.out.name + "_runs.csv"), plan.out.with_name(plan.out.name + "_meta.json"))
+def record_paths(plan: Plan) -> tuple[Path, Path, Path]:
+    """(runs CSV, meta JSON, curves CSV) of the table `plan` writes: tables/<name>_runs.csv, _meta.json and
+    _curves.csv (the learning curves; tables built before it was written have none)."""
+    return tuple(plan.out.with_name(plan.out.name + suffix) for suffix in ("_runs.csv", "_meta.json", "_curves.csv"))
+
+
+def read_curves(path: Path) -> dict[str, list[dict]]:
+    """Run path -> its metrics lines (step, samples, the plotted metric) from a curves CSV; {} if absent."""
+    if not path.exists():
+        return {}
+    out: dict[str, list[dict]] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        metric = (reader.fieldnames or [])[-1]
+        for row in reader:
+            step = float(row["step"])
+            line = {"step": int(step) if step.is_integer() else step, metric: float(row[metric])}
+            if row["samples"] != "":
+                line["samples"] = float(row["samples"])
+            out.setdefault(row["path"], []).append(line)
+    return out
 
 
 def _project_relative(value):
@@ -108,7 +128,7 @@ def variant_of(pairs: list[tuple[str, str]], plan: Plan) -> str | None:
 
 
 def write_recorded_run(run_dir: Path, row: dict[str, str], columns: list[str], source: str,
-                       variant: str | None = None) -> None:
+                       variant: str | None = None, curve: list[dict] = ()) -> None:
     """One recorded run from its runs-CSV row (see the module docstring)."""
     pairs = label_pairs(row["group"])
     if variant is not None and VARIANT_GROUP not in dict(pairs):
@@ -124,6 +144,8 @@ def write_recorded_run(run_dir: Path, row: dict[str, str], columns: list[str], s
         overrides.append(f"seed={seed}")
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     (run_dir / "config.yaml").write_text(yaml.safe_dump({**_nested(pairs), "seed": seed, "run_name": row["run"]}))
+    if curve:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in curve))
     (run_dir / "summary.json").write_text(json.dumps({
         "status": row["status"], "error": row["error"] or None, "run_name": row["run"], "overrides": overrides,
         "final": final, "recorded": recorded, RESTORED_FROM: source}, indent=2))
@@ -135,7 +157,7 @@ def restore(plan: Plan) -> list[str]:
     Raises FileNotFoundError naming what is missing when there is neither a runs directory nor a record."""
     if (plan.runs_dir / "table_meta.json").exists():
         return []
-    runs_csv, meta = record_paths(plan)
+    runs_csv, meta, curves_csv = record_paths(plan)
     missing = [p for p in (runs_csv, meta) if not p.exists()]
     if missing:
         raise FileNotFoundError(
@@ -149,7 +171,8 @@ def restore(plan: Plan) -> list[str]:
     # Where the runs were when the CSV was written: each run goes to the same place under this plan's
     # runs directory, which --runs-root may have moved.
     recorded_dir = json.loads(meta.read_text())["runs_dir"]
-    restored = 0
+    curves = read_curves(curves_csv)
+    restored, with_curves = 0, 0
     for row in rows:
         try:
             run_dir = plan.runs_dir / Path(row["path"]).relative_to(recorded_dir)
@@ -163,11 +186,14 @@ def restore(plan: Plan) -> list[str]:
             raise ValueError(f"{source}: no single variant of {plan.spec.path.name} gives row {row['group']!r} "
                              f"(run {row['run']!r}) its values: the table's variants changed since it ran; "
                              "relaunch it (without --add-seeds / --report-only)")
-        write_recorded_run(run_dir, row, columns, source, variant)
+        write_recorded_run(run_dir, row, columns, source, variant, curves.get(row["path"], []))
         restored += 1
+        with_curves += row["path"] in curves
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
     (plan.runs_dir / "table_meta.json").write_text(meta.read_text())
     seeds = sorted({int(r["seed"]) for r in rows if r["seed"] != ""})
+    curves_text = ("with their learning curves" if with_curves == restored else
+                   f"the plot draws the {with_curves} with a recorded learning curve")
     return [f"{restored} runs (seeds {','.join(map(str, seeds))}) restored from {source} and "
             f"{_project_relative(str(meta))}: their run directories were not on this machine; the table reads "
-            "their recorded values, and the plot draws only runs with learning curves"]
+            f"their recorded values, {curves_text}"]
