@@ -608,6 +608,14 @@ def test_added_seeds_join_the_same_jobs_and_keep_the_first_launch_as_the_tables_
     assert merged["date"] == "d0; wall time 5.0 min for 6 jobs; seeds 3 added d1; wall time 2.0 min for 2 jobs"
     assert merged["launch_notes"] == ["warm-up (9 s)", "seeds 3 added by `make_table.py t --add-seeds 3` on d1; "
                                       "wall time 2.0 min for 2 jobs (exit 0)", "job x failed"]
+    # seeds added on another machine (a later session's): the note says which
+    elsewhere = merge_added_launch({"command": "c", "machine": "m", "date": "d0"},
+                                   {"date": "d1", "exit_code": 0, "machine": "m2"}, "c --add-seeds 4", "seeds 4")
+    assert elsewhere["launch_notes"] == ["seeds 4 added by `c --add-seeds 4` on d1 on m2 (exit 0)"]
+    # the interpreter and the table's own paths may differ between checkouts; the jobs may not
+    moved = [a.replace("python", "/elsewhere/.venv/bin/python") for a in added[:1]] + added[1:] + [
+        "hydra.sweep.dir=/elsewhere/outputs/tables/t", "hydra.searchpath=['file:///elsewhere/.variants']"]
+    assert jobs_but_seeds(first) == jobs_but_seeds(moved)
 
 
 def _two_variant_table(tmp_path):
@@ -702,29 +710,19 @@ def test_add_rows_refuses_before_running_anything_and_add_seeds_finds_added_rows
 
 # ------------------------------------------------------------------ a table's committed record (record.py)
 
+RECORD_SPEC = """
+        title: record
+        paper_finding: "b beats a (arXiv 0000.00000)"
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0]}
+          - {name: b, overrides: [rollout.temperature=0.9]}
+        baseline: a
+        target: 0.6
+"""
 RECORD_SPECS = {
-    # rows named by their variant
-    "by_overrides": """
-        title: record
-        paper_finding: "b beats a (arXiv 0000.00000)"
-        variants:
-          - {name: a, overrides: [rollout.temperature=1.0]}
-          - {name: b, overrides: [rollout.temperature=0.9]}
-        baseline: a
-        target: 0.6
-    """,
+    "by_overrides": RECORD_SPEC,      # rows named by their variant
     # rows grouped by a config key: the record's labels name no variant; the spec's overrides tell which
-    "by_config": """
-        title: record
-        paper_finding: "b beats a (arXiv 0000.00000)"
-        variants:
-          - {name: a, overrides: [rollout.temperature=1.0]}
-          - {name: b, overrides: [rollout.temperature=0.9]}
-        baseline: a
-        group_by: [rollout.temperature]
-        paper_direction: {b: better}
-        target: 0.6
-    """,
+    "by_config": RECORD_SPEC + "        group_by: [rollout.temperature]\n        paper_direction: {b: better}\n",
 }
 
 
