@@ -193,7 +193,8 @@ def restore(plan: Plan) -> list[str]:
     (plan.runs_dir / "table_meta.json").write_text(meta.read_text())
     seeds = sorted({int(r["seed"]) for r in rows if r["seed"] != ""})
     curves_text = ("with their learning curves" if with_curves == restored else
-                   f"the plot draws the {with_curves} with a recorded learning curve")
+                   "without learning curves (none recorded), so the plot draws only the runs made here"
+                   if with_curves == 0 else f"{with_curves} of them with a learning curve for the plot")
     return [f"{restored} runs (seeds {','.join(map(str, seeds))}) restored from {source} and "
             f"{_project_relative(str(meta))}: their run directories were not on this machine; the table reads "
             f"their recorded values, {curves_text}"]
