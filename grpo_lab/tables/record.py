@@ -3,7 +3,7 @@
 Every session and every CI run starts from a fresh clone, and outputs/ is not in git, so the run
 directories behind tables/<name>.md are gone by the next session: `--add-seeds` found no table to add
 to, and each table could only grow as far as one session's hours reached (the DAPO ladder needs 16
-seeds at ~16 min each). Two committed files carry a table over:
+seeds at ~16 min each). Three committed files carry a table over:
 
     tables/<name>_runs.csv   every run: group label, name, path, status, seed, error, and the value of
                              each of the table's columns (report/table.py `write_runs_csv`)
@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from grpo_lab.report.runs import display_path
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import ROOT, VARIANT_GROUP, override_key, overrides_parser
 
@@ -75,8 +76,6 @@ def write_meta(plan: Plan) -> Path | None:
     src = plan.runs_dir / "table_meta.json"
     if not src.exists():
         return None
-    from grpo_lab.report.runs import display_path
-
     dest = record_paths(plan)[1]
     # runs_dir: where the runs CSV's paths point (the same display_path the CSV was written with).
     meta = {**_project_relative(json.loads(src.read_text())), "runs_dir": display_path(plan.runs_dir)}
@@ -170,7 +169,10 @@ def restore(plan: Plan) -> list[str]:
     source = _project_relative(str(runs_csv))
     # Where the runs were when the CSV was written: each run goes to the same place under this plan's
     # runs directory, which --runs-root may have moved.
-    recorded_dir = json.loads(meta.read_text())["runs_dir"]
+    recorded_dir = json.loads(meta.read_text()).get("runs_dir")
+    if recorded_dir is None:
+        raise ValueError(f"{_project_relative(str(meta))} has no runs_dir (where its runs CSV's paths point): "
+                         "rebuild it where the table's runs are (--report-only), or relaunch the table")
     curves = read_curves(curves_csv)
     restored, with_curves = 0, 0
     for row in rows:
