@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -761,7 +762,6 @@ def test_a_table_restored_from_its_committed_record_is_the_same_table(tmp_path, 
     stem = plan.spec.name
     assert json.loads(saved[f"{stem}_meta.json"])["seeds"] == [0, 1, 2, 3]
 
-    import shutil
     shutil.rmtree(plan.runs_dir)                                   # a fresh checkout: no outputs/
     notes = restore(plan)
     assert notes and notes[0].startswith("7 runs (seeds 0,1,2,3) restored from")
@@ -787,7 +787,6 @@ def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
     seeds it holds are refused, a new seed passes every check (dry run) and nothing is replaced."""
     spec_path, plan = _recorded_table(tmp_path, RECORD_SPECS["by_overrides"])
     build(plan, header_extra={"command": "first"}, launch_notes=[])
-    import shutil
     shutil.rmtree(plan.runs_dir)
 
     def make_table(*args):
@@ -814,7 +813,6 @@ def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
 def test_every_committed_table_rebuilds_from_its_record(name, tmp_path):
     """Each committed table can be extended by a later session: --report-only in a checkout without its
     runs restores them from tables/<name>_runs.csv and _meta.json and rebuilds the same numbers."""
-    import shutil
     tables = tmp_path / "tables"
     shutil.copytree(REPO / "tables", tables)
     proc = subprocess.run([sys.executable, "scripts/make_table.py", name, "--report-only", "--tables-root", str(tables),
