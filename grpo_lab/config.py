@@ -320,6 +320,13 @@ class LearnerConfig:
     # Token budget per micro-batch: rows × padded width ≤ this (rows sorted by length, padding
     # trimmed per micro-batch); null = micro_batch_size sequences per micro-batch.
     max_tokens_per_micro_batch: Optional[int] = None
+    # Leave out of the update's forward/backward the rows whose loss and gradient are exactly 0 by
+    # construction (all-zero advantages: a group whose rewards agree; no token in the loss mask), as
+    # the objective says (Objective.rows_without_gradient). The gradient is the same sum up to float
+    # rounding (so not bit for bit: off by default, which keeps the committed tables reproducible);
+    # actor/ metrics then average over the rows trained on. actor/rows_without_gradient_frac says
+    # how much it saves.
+    skip_rows_without_gradient: bool = False
     # Token logprobs and entropy from the LM head in chunks of this many (row, position) slots, each
     # recomputed in backward, so full-vocabulary fp32 logits never exist for a whole micro-batch; null = off.
     logits_chunk_tokens: Optional[int] = None

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from grpo_lab.learner import distributed
-from tests.fsdp_common import SGD_LR, SGD_SETTINGS, ADAM_SETTINGS, make_learner, toy_batch
+from tests.fsdp_common import SGD_LR, SGD_SETTINGS, ADAM_SETTINGS, make_learner, silent_batches, toy_batch
 
 model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
 
@@ -21,7 +21,16 @@ learner.score(batch)
 metrics = learner.update(batch)
 sgd = dict(learner.weights_for_sync())
 
-# 2. The default AdamW update, then a DCP checkpoint of model + optimizer and the learner's other state.
+# 2. Rows without gradient left out (learner.skip_rows_without_gradient), plain SGD: 7 of 12 rows
+#    trained, then a batch with none, where every rank runs just the zero-weight pass.
+learner = make_learner(model_dir, strategy="fsdp2", skip_rows_without_gradient=True, **ADAM_SETTINGS)
+learner.optimizer = torch.optim.SGD(learner.policy.parameters(), lr=SGD_LR)
+for batch in silent_batches():
+    learner.score(batch)
+    learner.update(batch)
+skipped = dict(learner.weights_for_sync())
+
+# 3. The default AdamW update, then a DCP checkpoint of model + optimizer and the learner's other state.
 learner = make_learner(model_dir, strategy="fsdp2", **ADAM_SETTINGS)
 batch = toy_batch(n=10)
 learner.score(batch)
@@ -32,8 +41,8 @@ learner.save(ckpt / "policy")
 learner.save_dcp(ckpt / distributed.DCP_DIR)
 state = learner.state_dict()
 if distributed.rank() == 0:
-    torch.save({"sgd": sgd, "sgd_metrics": metrics, "adam": adam, "adam_metrics": adam_metrics,
+    torch.save({"sgd": sgd, "sgd_metrics": metrics, "skipped": skipped, "adam": adam, "adam_metrics": adam_metrics,
                 "state": state, "world_size": distributed.world_size()}, out / "fsdp.pt")
 else:
-    assert sgd == {} and adam == {}, "only rank 0 receives the full state dict"
+    assert sgd == {} and adam == {} and skipped == {}, "only rank 0 receives the full state dict"
 torch.distributed.destroy_process_group()

@@ -17,11 +17,13 @@ SGD_LR = 0.1
 ADAM_SETTINGS = dict(micro_batch_size=4, grad_clip=1.0)
 
 
-def make_learner(model_dir, *, strategy="single", micro_batch_size=4, grad_clip=0.0, **algo):
+def make_learner(model_dir, *, strategy="single", micro_batch_size=4, grad_clip=0.0,
+                 skip_rows_without_gradient=False, **algo):
     algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
     learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
                                   {"device": "cpu", "micro_batch_size": micro_batch_size, "grad_clip": grad_clip,
-                                   "strategy": strategy, "total_steps": 10})
+                                   "strategy": strategy, "total_steps": 10,
+                                   "skip_rows_without_gradient": skip_rows_without_gradient})
     return Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=1.0, seed=0,
                    max_completion_len=6)
 
@@ -37,3 +39,20 @@ def toy_batch(seed=0, n=10):
     batch["advantages"] = torch.randn(n, 1, generator=g).expand_as(batch["response_mask"]).clone()
     batch["loss_mask"] = batch["response_mask"]
     return batch
+
+
+def batch_with_silent_rows(seed=6, n=12):
+    """toy_batch's groups of 2 with groups 0 and 2 at all-zero advantages (their rewards agreed) and
+    row 7 with no token left in its loss mask (DAPO's overlong filter): 5 rows that add nothing."""
+    batch = toy_batch(seed=seed, n=n)
+    batch["advantages"][[0, 1, 4, 5]] = 0.0
+    batch["loss_mask"] = batch["response_mask"].clone()
+    batch["loss_mask"][7] = 0.0
+    return batch
+
+
+def silent_batches() -> list:
+    """A batch with 5 of 12 rows silent, then one with every row silent (nothing left to forward)."""
+    agreed = batch_with_silent_rows(seed=7)
+    agreed["advantages"].zero_()
+    return [batch_with_silent_rows(), agreed]

@@ -14,7 +14,7 @@ import torch
 
 from grpo_lab.learner import distributed
 from grpo_lab.models import MODEL_BUILDERS
-from fsdp_common import ADAM_SETTINGS, SGD_LR, SGD_SETTINGS, make_learner, toy_batch
+from fsdp_common import ADAM_SETTINGS, SGD_LR, SGD_SETTINGS, make_learner, silent_batches, toy_batch
 from helpers import REPO, assert_finite_metrics, read_metrics
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -72,6 +72,19 @@ def test_fsdp_sgd_update_equals_single_process(fsdp_result):
     assert_same_weights(res["sgd"], after, before)
     assert res["sgd_metrics"]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-5)
     # (Per-micro-batch metric means such as actor/kl depend on the micro-batch split, here as in one process.)
+
+
+def test_fsdp_skipping_rows_without_gradient_equals_the_full_single_process_update(fsdp_result):
+    """Both ranks leave the same silent rows out (and both run only the zero-weight pass when every
+    row is silent, so their collectives still match); the weights equal one process training on all rows."""
+    model_dir, _, res = fsdp_result
+    learner = make_learner(model_dir, **ADAM_SETTINGS)
+    learner.optimizer = torch.optim.SGD(learner.policy.parameters(), lr=SGD_LR)
+    before = {k: v.clone() for k, v in learner.weights_for_sync()}
+    for batch in silent_batches():
+        learner.score(batch)
+        learner.update(batch)
+    assert_same_weights(res["skipped"], dict(learner.weights_for_sync()), before)
 
 
 def test_fsdp_adamw_update_equals_single_process(fsdp_result):

@@ -150,3 +150,90 @@ def test_the_scoring_forward_runs_when_the_update_cannot_replace_it(model_dir, a
 def test_dropout_keeps_the_scoring_forward(model_dir):
     learner = make_learner(model_dir, {"lora": {"rank": 4, "alpha": 8.0, "dropout": 0.1}})
     assert learner.stochastic_forward and not learner.learner_logprobs_from_update(fsdp_common.toy_batch())
+
+
+# ---------------------------------------------------------------- rows without gradient (issue 10)
+def count_forwarded_rows(learner) -> list:
+    rows = []
+    decoder = (learner.policy.get_base_model() if learner.lora else learner.policy).get_decoder()
+    decoder.register_forward_pre_hook(lambda module, args, kwargs: rows.append(len(kwargs["input_ids"])),
+                                      with_kwargs=True)
+    return rows
+
+
+def test_rows_without_gradient_by_hand():
+    """Which rows add exactly nothing, per setting (PolicyGradient.rows_without_gradient)."""
+    from grpo_lab.objectives import OBJECTIVES
+
+    pg = OBJECTIVES.get("policy_gradient")
+    algo = lambda **kw: OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), kw)
+    batch = fsdp_common.batch_with_silent_rows()
+    silent = lambda a, b=batch: pg.rows_without_gradient(b, a).nonzero().squeeze(-1).tolist()
+    assert silent(algo()) == [0, 1, 4, 5, 7]
+    assert silent(algo(policy_loss="gspo", aggregation="seq_mean_token_mean")) == [0, 1, 4, 5, 7]
+    assert silent(algo(kl={"coef": 0.1, "placement": "reward"})) == [0, 1, 4, 5, 7]   # KL already in A
+    # A term other than A·(...) acts on every loss token: only the empty-mask row adds nothing.
+    assert silent(algo(entropy_coef=0.01)) == [7]
+    assert silent(algo(kl={"coef": 0.1, "placement": "loss"})) == [7]
+    # The best-of-group anchor trains on row 4 (response mask, not loss mask) whatever its advantage.
+    anchored = copy.deepcopy(batch)
+    anchored["anchor_weight"] = torch.zeros(len(batch))
+    anchored["anchor_weight"][[4, 7]] = 1.0
+    assert silent(algo(), anchored) == [0, 1, 5]
+    # Preference objectives claim none.
+    assert not OBJECTIVES.get("preference").rows_without_gradient(batch, algo()).any()
+
+
+@pytest.mark.parametrize("learner_cfg,algo", [
+    ({}, {}),                                                                             # default GRPO
+    ({"max_tokens_per_micro_batch": 40}, {"policy_loss": "gspo", "aggregation": "seq_mean_token_mean"}),
+    ({}, {"aggregation": "seq_mean_token_sum_norm", "epochs": 2, "minibatches": 2}),     # Dr.GRPO, μ > 1
+    ({"lora": {"rank": 4, "alpha": 8.0}}, {"kl": {"coef": 0.05, "placement": "reward"}, "sft_anchor_coef": 0.5}),
+])
+def test_skipping_rows_without_gradient_leaves_the_update_unchanged(model_dir, learner_cfg, algo):
+    """The same parameter change (SGD: minus the summed gradient) and loss metrics from fewer rows
+    forwarded; the engine-mismatch metrics come from the rows trained on."""
+    learners = {skip: make_learner(model_dir, {**learner_cfg, "skip_rows_without_gradient": skip}, **algo)
+                for skip in (False, True)}
+    rows = {skip: count_forwarded_rows(learner) for skip, learner in learners.items()}
+    results = {}
+    for skip, learner in learners.items():
+        batch = fsdp_common.batch_with_silent_rows()
+        if algo.get("sft_anchor_coef"):          # row 4 is its group's best: trained although A = 0
+            batch["anchor_weight"] = torch.zeros(len(batch))
+            batch["anchor_weight"][[4, 9]] = 1.0
+            batch.extras["anchor_coef"] = algo["sft_anchor_coef"]
+        results[skip] = run_step(learner, batch)
+    (m_all, d_all), (m_skip, d_skip) = results[False], results[True]
+    silent = 4 if algo.get("sft_anchor_coef") else 5
+    epochs = algo.get("epochs", 1)
+    assert sum(rows[False]) - sum(rows[True]) == silent * epochs     # the scoring forwards are the same
+    assert m_skip["actor/rows_without_gradient_frac"] == m_all["actor/rows_without_gradient_frac"] == pytest.approx(
+        silent / 12)
+    for name in d_all:
+        torch.testing.assert_close(d_skip[name], d_all[name], rtol=1e-4, atol=1e-6)
+    assert max(d.abs().max() for d in d_skip.values()) > 0
+    if epochs == 1:
+        assert "rollout/logprob_abs_diff_mean" in m_skip
+
+
+def test_a_minibatch_with_every_row_silent_still_steps_adamw(model_dir):
+    """Nothing to forward, but AdamW's moments move the weights at zero gradient: one zero-weight
+    pass keeps the step, so the weights move exactly as the unskipped learner's do."""
+    learners = [make_learner(model_dir) for _ in range(2)]
+    rows = [count_forwarded_rows(learner) for learner in learners]
+    deltas = []
+    for learner, skip, forwarded in zip(learners, (False, True), rows):
+        learner.optimizer = torch.optim.AdamW(learner.policy.parameters(), lr=1e-2)
+        run_step(learner, fsdp_common.batch_with_silent_rows())    # the same first step: Adam's moments are set
+        learner.cfg.skip_rows_without_gradient = skip
+        agreed = fsdp_common.batch_with_silent_rows()
+        agreed["advantages"].zero_()                    # then every group's rewards agree
+        forwarded.clear()
+        metrics, delta = run_step(learner, agreed)
+        deltas.append(delta)
+        assert metrics["actor/rows_without_gradient_frac"] == 1.0
+    assert sum(rows[1]) == 1 < sum(rows[0])             # the one zero-weight pass
+    for name in deltas[0]:
+        torch.testing.assert_close(deltas[1][name], deltas[0][name], rtol=0, atol=0)
+    assert max(d.abs().max() for d in deltas[1].values()) > 0

@@ -42,7 +42,11 @@ from ._utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
 from .kl import kl_k3
 from grpo_lab.registry import Registry
 
-POLICY_LOSSES = Registry("policy loss")
+# Fact on each entry: `zero_at_zero_advantage` -- a token with A_t = 0 gets loss 0 and gradient 0 whatever
+# its ratio (every loss here is A_t times a finite function of the ratio). Then a row whose advantages
+# are all 0 adds nothing to the update, and the learner may leave it out of the forward/backward
+# (learner.skip_rows_without_gradient; PolicyGradient.rows_without_gradient reads this fact).
+POLICY_LOSSES = Registry("policy loss", defaults={"zero_at_zero_advantage": True})
 
 
 def _check_shapes(**tensors: Tensor | None) -> None:

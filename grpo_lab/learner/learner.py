@@ -18,6 +18,11 @@ At scale (issue 7), all off by default, which keeps today's numbers bit for bit:
 * learner.max_tokens_per_micro_batch: micro-batches of rows sorted by length, rows × padded width
   within the budget; learner.logits_chunk_tokens: the LM head in chunks (batch.completion_stats).
 * learner.lr_schedule / warmup_steps / total_steps: LambdaLR over RL steps (learner/schedules.py).
+
+For speed (issue 10), also off by default: learner.skip_rows_without_gradient leaves out of the update
+the rows the objective says add exactly 0 (`Objective.rows_without_gradient`: e.g. a GRPO group
+whose rewards all agree has A = 0, so its rows' policy loss and gradient are 0); the minibatch-wide
+normalisers still count them, so the update is the same up to float rounding.
 """
 
 from __future__ import annotations
@@ -336,7 +341,8 @@ class Learner:
         empty batch (e.g. no preference pair this step) changes nothing and is reported as such.
         """
         actor, critic = MetricMean(), MetricMean()
-        n, skipped = len(batch), 0
+        n, skipped, silent_rows = len(batch), 0, 0
+        skip_silent_rows = _opt(self.cfg, "skip_rows_without_gradient", False)
         from_update = batch.extras.get("learner_logprobs_from_update", False)   # set by `score`
         learner_logprobs = []             # (batch rows, π_learner logprobs) per micro-batch, when from_update
         lr = self.optimizer.param_groups[0]["lr"]   # this step's scheduled rate
@@ -353,15 +359,20 @@ class Learner:
                             num_seqs=(mask.sum(-1) > 0).sum().clamp(min=1).item(),
                             max_len=max(self.max_completion_len, mask.shape[1]),
                             **self.objective.minibatch_norms(minibatch))
+                # Rows that add exactly 0 (all-zero advantages, ...) need no forward/backward; the
+                # normalisers above still count them, so the gradient is the whole minibatch's.
+                silent = self.objective.rows_without_gradient(minibatch, self.algo)      # [m] bool
+                silent_rows += int(silent.sum())
+                train_idx = (~silent).nonzero().squeeze(-1) if skip_silent_rows else None
                 self.optimizer.zero_grad(set_to_none=True)
                 part = MetricMean()
-                for rows, micro, real in self._local_micro_batches(minibatch):
+                for rows, micro, real in self._local_micro_batches(minibatch, train_idx):
                     micro = micro.to(self.device)
                     loss, metrics = self.objective.loss(self, micro, norm)
                     (loss if real else loss * 0.0).backward()
                     if real:
                         part.add(metrics, weight=len(micro))
-                    if from_update:       # one step per batch: this forward ran at the sampling weights
+                    if from_update and real:   # one step per batch: this forward ran at the sampling weights
                         learner_logprobs.append((mb_idx[rows], micro["learner_logprobs"].float().cpu()))
                 if self.sharded:
                     distributed.merge_metric_means(part)   # the whole minibatch's metrics on every rank
@@ -374,21 +385,33 @@ class Learner:
         self.step += 1
         self.scheduler.step()
         behaviour = {}
-        if from_update:
+        if learner_logprobs:
+            # π_learner of the rows trained on (a skipped row had no forward; its row stays 0 here).
             batch["learner_logprobs"] = _in_batch_order(learner_logprobs, n, batch["response_mask"].shape[1])
-            behaviour = mismatch_metrics(batch)
+            behaviour = mismatch_metrics(batch.index(torch.cat([rows for rows, _ in learner_logprobs]).sort().values))
         return {**actor.result("actor/"), **critic.result("critic/"), **behaviour, "actor/lr": lr,
-                "actor/nonfinite_updates": float(skipped)}
+                "actor/nonfinite_updates": float(skipped),
+                # Skipped or not: what learner.skip_rows_without_gradient saves (or saved) of the learner's work.
+                "actor/rows_without_gradient_frac": silent_rows / (n * self.algo.epochs)}
 
-    def _local_micro_batches(self, minibatch: TensorBatch):
-        """(minibatch rows or None, micro-batch, real) triples this process trains on: all of the
-        minibatch, or under fsdp2 this rank's rows (rows None), padded with zero-weight passes so
-        every rank runs as many (distributed.equalize)."""
-        if not self.sharded:
-            return [(idx, m, True) for idx, m in micro_batches(minibatch, self.cfg.micro_batch_size, self.token_budget)]
-        mine = minibatch.index(distributed.local_rows(len(minibatch)))
-        micros = [m for _, m in micro_batches(mine, self.cfg.micro_batch_size, self.token_budget)] if len(mine) else []
+    def _local_micro_batches(self, minibatch: TensorBatch, train_idx: torch.Tensor | None = None):
+        """(minibatch rows or None, micro-batch, real) triples this process trains on: the minibatch's
+        rows `train_idx` (None: all), or under fsdp2 this rank's share of them (rows None), padded with
+        zero-weight passes so every rank runs as many (distributed.equalize). With no row to train on,
+        one zero-weight pass: AdamW must still step (its moments move the weights at zero gradient too)."""
         filler = minibatch.index(torch.arange(1))
+        if train_idx is not None and not len(train_idx):
+            return [(None, filler, False)]
+        trained = minibatch
+        if train_idx is not None:   # only the padding these rows need
+            trained = minibatch.index(train_idx)
+            prompt, completion = trained.lengths()
+            trained = trained.trim(max(int(prompt.max()), 1), max(int(completion.max()), 1))
+        if not self.sharded:
+            return [(idx if train_idx is None else train_idx[idx], m, True)
+                    for idx, m in micro_batches(trained, self.cfg.micro_batch_size, self.token_budget)]
+        mine = trained.index(distributed.local_rows(len(trained)))
+        micros = [m for _, m in micro_batches(mine, self.cfg.micro_batch_size, self.token_budget)] if len(mine) else []
         return [(None, m if real else filler, real) for m, real in distributed.equalize(micros)]
 
     def _clip_and_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:

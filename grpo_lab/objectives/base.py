@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from omegaconf import OmegaConf
 
 from grpo_lab.registry import Registry
@@ -58,6 +59,13 @@ class Objective:
         """Minibatch-wide normalisers beyond the learner's own (num_tokens, num_seqs, max_len), so that
         summing micro-batch losses gives exactly the full minibatch's loss."""
         return {}
+
+    def rows_without_gradient(self, minibatch, algo):
+        """Bool [n]: rows whose contribution to `loss` and its gradient is exactly 0 whatever the policy's
+        weights, given the minibatch-wide normalisers (`minibatch_norms` and the learner's, computed
+        over all rows). The learner may leave them out of the forward/backward
+        (learner.skip_rows_without_gradient). By default none: an objective says when it knows better."""
+        return torch.zeros(len(minibatch), dtype=torch.bool)
 
     def loss(self, learner, micro, norm: dict):
         """(loss whose gradient is accumulated, metrics) for one micro-batch."""

@@ -109,6 +109,22 @@ class PolicyGradient(Objective):
         anchor_tokens = (minibatch["response_mask"] * minibatch["anchor_weight"][:, None]).sum()
         return {"anchor": (minibatch.extras["anchor_coef"], anchor_tokens.clamp(min=1).item())}
 
+    def rows_without_gradient(self, minibatch, algo):
+        """Rows that add exactly nothing to the loss below: no token left in `loss_mask` (every term is
+        aggregated over it: DAPO's overlong filter, padding), or, when no term but the policy loss acts
+        on a token (no entropy bonus, no KL in the loss) and the registered policy loss is 0 at A = 0,
+        advantages all 0 (a group whose rewards agree: GRPO's, RLOO's and Dr.GRPO's baselines give
+        exactly 0). A row the best-of-group anchor trains on is never one of them. The normalisers
+        stay minibatch-wide, so the sum over the other rows is the whole minibatch's loss."""
+        loss_tokens = minibatch["loss_mask"] > 0                             # [n, T]
+        silent = ~loss_tokens.any(-1)
+        only_policy_loss = algo.entropy_coef == 0 and not (algo.kl.coef > 0 and algo.kl.placement == "loss")
+        if only_policy_loss and POLICY_LOSSES.fact(algo.policy_loss, "zero_at_zero_advantage"):
+            silent |= ~((minibatch["advantages"] != 0) & loss_tokens).any(-1)
+        if "anchor_weight" in minibatch:
+            silent &= minibatch["anchor_weight"] == 0
+        return silent
+
     # ------------------------------------------------------------------ loss
     def loss(self, learner, micro, norm: dict):
         """Policy loss (registered) + β·KL (if in the loss) − c·entropy + λ·NLL of the best completion per
