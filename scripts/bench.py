@@ -20,7 +20,11 @@ so a slow patch of this shared 2-core machine does not land on one side only):
                the engine in a child process (trainer.backend=engine_process) and, with ray
                installed, as a Ray actor (trainer.backend=ray), against the same synchronous runs.
                The settings run in rotating order.
-5. TRL       — the whole RL phase of `python -m grpo_lab.train` (sum of perf/step_time_s: no
+5. skip rows — whole runs with learner.skip_rows_without_gradient=true vs false (the default), the
+               same seed and steps, rotating order: median learner phase (perf/learn_s) and step
+               (perf/step_time_s), the share of rows without gradient (a group whose rewards agree
+               has A = 0), and the held-out greedy accuracy of both final models.
+6. TRL       — the whole RL phase of `python -m grpo_lab.train` (sum of perf/step_time_s: no
                start-up, warm-up or evals) vs TRL `GRPOTrainer.train()` (its own venv under
                .cache/trl_venv, trl==1.16.0, built with `-c requirements.lock`), same warm-up
                checkpoint, task, G, prompts per step, steps, lr, temperature, β=0, token-mean
@@ -203,6 +207,30 @@ def bench_overlap(cfg, overrides: list[str], steps: int, reps: int, tmp: Path) -
     return times
 
 
+def bench_skip_rows(cfg, overrides: list[str], steps: int, reps: int, tmp: Path, task) -> dict:
+    """learner.skip_rows_without_gradient on vs off: the same runs otherwise, in rotating order."""
+    from transformers import AutoTokenizer
+
+    from grpo_lab.prompts import prepare_for_model
+
+    base = [*overrides, f"trainer.total_steps={steps}", "trainer.eval_every=0", "trainer.save_checkpoint=true"]
+    out = {k: {"learn": [], "step": [], "silent": [], "acc": []} for k in ("skip", "all")}
+    test = task.splits[cfg.trainer.eval_split]
+    tok = None
+    for r in range(reps):
+        for k in (("skip", "all") if r % 2 == 0 else ("all", "skip")):
+            run_dir = tmp / f"skip_{k}_{r}"
+            lines = run_train([*base, f"learner.skip_rows_without_gradient={k == 'skip'}"], run_dir)[1:]  # step 1: warm-up
+            steps_only = [m for m in lines if "perf/learn_s" in m]
+            out[k]["learn"].append(med([m["perf/learn_s"] for m in steps_only]))
+            out[k]["step"].append(med([m["perf/step_time_s"] for m in steps_only]))
+            out[k]["silent"].append(statistics.mean(m["actor/rows_without_gradient_frac"] for m in steps_only))
+            final = run_dir / "checkpoints" / "final"
+            tok = tok or prepare_for_model(task, AutoTokenizer.from_pretrained(str(final)), cfg.task)
+            out[k]["acc"].append(evaluate_dir(final, test, int(cfg.rollout.max_new_tokens), tok)[0])
+    return out
+
+
 def ensure_trl_venv() -> Path | str:
     """The TRL venv (built once, pinned); a string says why there is none."""
     py = TRL_VENV / "bin" / "python"
@@ -326,7 +354,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150, help="RL steps of the lab vs TRL runs (default 150)")
     parser.add_argument("--overlap-steps", type=int, default=20, help="steps per overlap run (default 20)")
     parser.add_argument("--overlap-reps", type=int, default=2, help="runs per overlap setting (default 2)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["phases", "overlap", "trl"])
+    parser.add_argument("--skip-steps", type=int, default=150, help="steps per skip-rows run (default 150)")
+    parser.add_argument("--skip-reps", type=int, default=2, help="runs per skip-rows setting (default 2)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["phases", "overlap", "skip_rows", "trl"])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (default: the default run)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -372,6 +402,16 @@ def main() -> None:
                 if "overlap_ray" in ov:
                     lines.append(row("", ov["overlap_ray"], ov["sync"], "... engine as a Ray actor step ms",
                                      "max_staleness=0 step ms", "(trainer.backend=ray)"))
+        if "skip_rows" not in args.skip:
+            print("[bench] rows without gradient skipped vs trained ...", file=sys.stderr, flush=True)
+            sk = bench_skip_rows(cfg, args.overrides, args.skip_steps, args.skip_reps, tmp, task)
+            lines += [row("skip rows", sk["skip"]["learn"], sk["all"]["learn"], "silent rows skipped: learner ms",
+                          "every row trained: learner ms", "learner.skip_rows_without_gradient"),
+                      row("", sk["skip"]["step"], sk["all"]["step"], "... step ms", "... step ms", ""),
+                      f"{'':<10}rows without gradient {100 * statistics.mean(sk['all']['silent']):.1f} % of the "
+                      f"learner's rows; held-out greedy accuracy (test split) skip "
+                      + ", ".join(f"{a:.1%}" for a in sk["skip"]["acc"]) + " vs all "
+                      + ", ".join(f"{a:.1%}" for a in sk["all"]["acc"]) + f" ({args.skip_steps}-step runs)"]
         if "trl" not in args.skip:
             print(f"[bench] lab vs TRL, {args.steps} steps each ...", file=sys.stderr, flush=True)
             tr = bench_trl(cfg, args.overrides, policy_dir, task, args.steps, tmp)

@@ -37,8 +37,9 @@ from pathlib import Path
 
 from grpo_lab.tables import TableSpecError, load_spec, make_plan, preflight
 from grpo_lab.tables.findings import build
-from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, launches, machine_description,
-                                    merge_added_launch, repeated_jobs_problem, run_table, seeds_on_disk, sft_controls)
+from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, jobs_overlap, jobs_within, launches,
+                                    machine_description, merge_added_launch, repeated_jobs_problem, run_table,
+                                    seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
 from grpo_lab.tables.record import restore
 
@@ -192,11 +193,15 @@ def main(argv: list[str] | None = None) -> int:
             previous = json.loads(meta.read_text())
             earlier = [launch.get("launch_command", []) for launch in launches(previous)]
             if args.add_seeds:
-                # More seeds of jobs an earlier launch ran (the first one's, or rows added later).
+                # More seeds of jobs an earlier launch ran (the first one's, or rows added later), of
+                # all its rows or, with --variants, of some.
                 same = [launch for launch in launches(previous)
-                        if jobs_but_seeds(launch.get("launch_command", [])) == jobs_but_seeds(plan.command)]
-                # (a launch recorded before table_meta.json kept its seeds: every seed on disk counts)
-                taken = sorted({s for launch in same for s in launch.get("seeds") or seeds_on_disk(plan.runs_dir)}
+                        if jobs_within(plan.command, launch.get("launch_command", []))]
+                # Seeds a launch sharing any of these jobs ran are taken (a launch recorded before
+                # table_meta.json kept its seeds: every seed on disk counts).
+                sharing = [launch for launch in launches(previous)
+                           if jobs_overlap(plan.command, launch.get("launch_command", []))]
+                taken = sorted({s for launch in sharing for s in launch.get("seeds") or seeds_on_disk(plan.runs_dir)}
                                & set(plan.seeds))
                 if not same:
                     problem = (f"these jobs differ from every earlier launch of the table (the first: "
@@ -204,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                                "`--` overrides (rows with other overrides go in with --add-rows)")
                 elif taken:
                     problem = f"seed(s) {taken} already have runs of these jobs in {plan.runs_dir}; choose others"
-                added_what = f"seeds {','.join(map(str, plan.seeds))}"
+                added_what = f"seeds {','.join(map(str, plan.seeds))}" + (f" of rows {args.variants}" if args.variants else "")
             else:
                 repeated = repeated_jobs_problem(earlier, plan.command)
                 if repeated:

@@ -654,6 +654,35 @@ def test_add_seeds_refuses_before_running_anything(tmp_path):
     proc = add("--add-seeds", "3", "--", "trainer.total_steps=10")
     assert proc.returncode == 2 and "differ from every earlier launch of the table (the first: `first`)" in proc.stderr
     assert sorted(p.name for p in plan.runs_dir.iterdir()) == before
+    # more seeds of one row; then every row at one of those seeds would run that row's seed twice
+    proc = add("--add-seeds", "3", "--variants", "a", "--dry-run")
+    assert proc.returncode == 0 and "1 jobs validated" in proc.stderr, proc.stderr
+    only_a = make_plan(load_spec(spec_path), runs_root=tmp_path / "runs", seeds=[3], only=["a"])
+    (plan.runs_dir / "table_meta.json").write_text(json.dumps({
+        "command": "first", "launch_command": plan.command, "seeds": [0],
+        "added_launches": [{"launch_command": only_a.command, "seeds": [3]}]}))
+    proc = add("--add-seeds", "3")
+    assert proc.returncode == 2 and "seed(s) [3] already have runs" in proc.stderr
+    proc = add("--add-seeds", "3", "--variants", "b", "--dry-run")
+    assert proc.returncode == 0 and "1 jobs validated" in proc.stderr, proc.stderr
+
+
+def test_added_seeds_of_some_rows_are_jobs_an_earlier_launch_ran():
+    """--add-seeds --variants a: a subset of a launch's jobs (each key at values that launch ran) may take
+    more seeds; a seed is taken once any launch sharing one of the jobs ran it."""
+    from grpo_lab.tables.launch import jobs_overlap, jobs_within
+
+    def launch(variants, seeds="0,1", *more):
+        return ["python", "-m", "grpo_lab.train", "-m", f"+variant={variants}", "task.test_size=1000", *more,
+                f"seed={seeds}", "logger.group=table-t-1", "hydra.sweep.dir=outputs/tables/t"]
+
+    every = launch("a,b,c")
+    assert jobs_within(launch("a"), every) and jobs_within(launch("c,a", "5"), every) and jobs_within(every, every)
+    assert not jobs_within(launch("a,d"), every)                           # d was never a row
+    assert not jobs_within(launch("a", "0", "trainer.total_steps=10"), every)  # another job
+    assert not jobs_within(every, launch("a"))                            # b and c were not in it
+    assert jobs_overlap(every, launch("a")) and jobs_overlap(launch("a,d"), every)
+    assert not jobs_overlap(launch("b"), launch("a")) and not jobs_overlap(launch("a", "0", "k=1"), every)
 
 
 def test_added_rows_must_be_jobs_no_earlier_launch_ran():
