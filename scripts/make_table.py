@@ -125,6 +125,15 @@ def finish_sft_controls(plan, args, invocation: str, restored: list[str]) -> int
     return 0
 
 
+def baseline_variant(spec) -> str | None:
+    """The variant the table's rows are compared with (its `baseline`, else the first), or None when the
+    baseline is a sweep value or there are no variants."""
+    names = [v.name for v in spec.variants]
+    if spec.baseline is None:
+        return names[0] if names else None
+    return spec.baseline if spec.baseline in names else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, extra = parse_args(argv)
@@ -189,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             problem = f"{flag} cannot be combined with {'--seeds, ' if args.add_seeds else ''}--smoke or --report-only"
         elif not meta.exists():
             problem = f"{meta} does not exist: run the table first (without {flag})"
+        elif args.add_seeds and args.variants and baseline_variant(spec) not in (None, *args.variants.split(",")):
+            problem = (f"--variants {args.variants} leaves out the baseline row {baseline_variant(spec)}: the added seeds' "
+                       f"differences pair with its runs of the same seeds; add it to --variants")
         else:
             previous = json.loads(meta.read_text())
             earlier = [launch.get("launch_command", []) for launch in launches(previous)]

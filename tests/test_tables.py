@@ -654,6 +654,9 @@ def test_add_seeds_refuses_before_running_anything(tmp_path):
     proc = add("--add-seeds", "3", "--", "trainer.total_steps=10")
     assert proc.returncode == 2 and "differ from every earlier launch of the table (the first: `first`)" in proc.stderr
     assert sorted(p.name for p in plan.runs_dir.iterdir()) == before
+    # more seeds of some rows: the baseline (a, the first) among them, or nothing pairs with them
+    proc = add("--add-seeds", "3", "--variants", "b")
+    assert proc.returncode == 2 and "leaves out the baseline row a" in proc.stderr
     # more seeds of one row; then every row at one of those seeds would run that row's seed twice
     proc = add("--add-seeds", "3", "--variants", "a", "--dry-run")
     assert proc.returncode == 0 and "1 jobs validated" in proc.stderr, proc.stderr
@@ -663,8 +666,10 @@ def test_add_seeds_refuses_before_running_anything(tmp_path):
         "added_launches": [{"launch_command": only_a.command, "seeds": [3]}]}))
     proc = add("--add-seeds", "3")
     assert proc.returncode == 2 and "seed(s) [3] already have runs" in proc.stderr
-    proc = add("--add-seeds", "3", "--variants", "b", "--dry-run")
-    assert proc.returncode == 0 and "1 jobs validated" in proc.stderr, proc.stderr
+    proc = add("--add-seeds", "3", "--variants", "a,b", "--dry-run")
+    assert proc.returncode == 2 and "seed(s) [3] already have runs" in proc.stderr
+    proc = add("--add-seeds", "4", "--variants", "a,b", "--dry-run")
+    assert proc.returncode == 0 and "2 jobs validated" in proc.stderr, proc.stderr
 
 
 def test_added_seeds_of_some_rows_are_jobs_an_earlier_launch_ran():
