@@ -191,8 +191,8 @@ def test_rows_without_gradient_by_hand():
     ({"lora": {"rank": 4, "alpha": 8.0}}, {"kl": {"coef": 0.05, "placement": "reward"}, "sft_anchor_coef": 0.5}),
 ])
 def test_skipping_rows_without_gradient_leaves_the_update_unchanged(model_dir, learner_cfg, algo):
-    """The same parameter change (SGD: minus the summed gradient) and loss metrics from fewer rows
-    forwarded; the engine-mismatch metrics come from the rows trained on."""
+    """The same parameter change (SGD: minus the summed gradient) from fewer rows forwarded; the
+    silent share is reported either way, and the engine-mismatch metrics come from the rows trained on."""
     learners = {skip: make_learner(model_dir, {**learner_cfg, "skip_rows_without_gradient": skip}, **algo)
                 for skip in (False, True)}
     rows = {skip: count_forwarded_rows(learner) for skip, learner in learners.items()}

@@ -399,9 +399,9 @@ class Learner:
         rows `train_idx` (None: all), or under fsdp2 this rank's share of them (rows None), padded with
         zero-weight passes so every rank runs as many (distributed.equalize). With no row to train on,
         one zero-weight pass: AdamW must still step (its moments move the weights at zero gradient too)."""
-        filler = minibatch.index(torch.arange(1))
+        filler = functools.partial(minibatch.index, torch.arange(1))   # a zero-weight pass's one row
         if train_idx is not None and not len(train_idx):
-            return [(None, filler, False)]
+            return [(None, filler(), False)]
         trained = minibatch
         if train_idx is not None:   # only the padding these rows need
             trained = minibatch.index(train_idx)
@@ -412,7 +412,7 @@ class Learner:
                     for idx, m in micro_batches(trained, self.cfg.micro_batch_size, self.token_budget)]
         mine = trained.index(distributed.local_rows(len(trained)))
         micros = [m for _, m in micro_batches(mine, self.cfg.micro_batch_size, self.token_budget)] if len(mine) else []
-        return [(None, m if real else filler, real) for m, real in distributed.equalize(micros)]
+        return [(None, m if real else filler(), real) for m, real in distributed.equalize(micros)]
 
     def _clip_and_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """Clip and apply the accumulated gradient; a non-finite gradient norm (a NaN/inf loss or reward

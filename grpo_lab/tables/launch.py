@@ -97,9 +97,9 @@ def single_valued_overrides(command: list[str]) -> dict[str, str]:
 
 def swept_values(command: list[str]) -> dict[str, frozenset[str]]:
     """key -> the values a multirun command runs it at (one for a single value, every value of a comma
-    list or sweep function), past what `jobs_but_seeds` drops; an item without `=` is its own key."""
+    list or sweep function), past what `jobs_but_seeds` drops; an item without `=` is its own key and value."""
     items = jobs_but_seeds(command)
-    out = {c: frozenset() for c in items if "=" not in c}
+    out = {c: frozenset([c]) for c in items if "=" not in c}
     for o in overrides_parser().parse_overrides([c for c in items if "=" in c]):
         values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
         out[override_key(o.get_key_element())] = frozenset(values)
@@ -116,7 +116,7 @@ def jobs_within(command: list[str], earlier: list[str]) -> bool:
 def jobs_overlap(command: list[str], earlier: list[str]) -> bool:
     """Whether some job of `command` is, seeds aside, also a job of `earlier`."""
     new, old = swept_values(command), swept_values(earlier)
-    return new.keys() == old.keys() and all(new[k] & old[k] or new[k] == old[k] for k in new)
+    return new.keys() == old.keys() and all(new[k] & old[k] for k in new)
 
 
 def repeated_jobs_problem(earlier: list[list[str]], command: list[str]) -> str | None:
