@@ -327,6 +327,12 @@ class LearnerConfig:
     # actor/ metrics then average over the rows trained on. actor/rows_without_gradient_frac says
     # how much it saves.
     skip_rows_without_gradient: bool = False
+    # Each distinct prompt of a micro-batch through the model once; the rows sharing it run only their
+    # completions, attending to its keys and values on the autograd graph (Prefix Grouper's shared-prefix
+    # forward, arXiv 2506.05433): a group of G costs P + G·T positions instead of G·(P + T). Same
+    # logprobs and gradients up to float rounding (off by default, like skip_rows_without_gradient);
+    # needs the KV cache, so not with gradient_checkpointing.
+    shared_prompt_forward: bool = False
     # Token logprobs and entropy from the LM head in chunks of this many (row, position) slots, each
     # recomputed in backward, so full-vocabulary fp32 logits never exist for a whole micro-batch; null = off.
     logits_chunk_tokens: Optional[int] = None
@@ -604,6 +610,9 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
                f"learner.max_tokens_per_micro_batch={ln.max_tokens_per_micro_batch} is smaller than one sequence "
                f"can be (rollout.max_model_len={r.max_model_len}); a sequence is never split, so raise it to >= "
                f"{r.max_model_len} or set it to null (micro_batch_size sequences per micro-batch)", errors)
+    _check(not (ln.shared_prompt_forward and ln.gradient_checkpointing),
+           "learner.shared_prompt_forward=true needs the model's KV cache, which learner.gradient_checkpointing=true "
+           "turns off (HF drops the cache under checkpointing); set one of them to false", errors)
     if ln.logits_chunk_tokens is not None:
         _check(ln.logits_chunk_tokens >= 1, f"learner.logits_chunk_tokens={ln.logits_chunk_tokens} must be >= 1 "
                "or null (no chunking)", errors)

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from grpo_lab.learner import distributed
-from tests.fsdp_common import SGD_LR, SGD_SETTINGS, ADAM_SETTINGS, make_learner, silent_batches, toy_batch
+from tests.fsdp_common import (SGD_LR, SGD_SETTINGS, ADAM_SETTINGS, grouped_batch, make_learner, silent_batches,
+                               toy_batch)
 
 model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
 
@@ -30,6 +31,15 @@ for batch in silent_batches():
     learner.update(batch)
 skipped = dict(learner.weights_for_sync())
 
+# 2b. Shared prompt forwards (learner.shared_prompt_forward): two forwards of the sharded model per
+#     micro-batch before one backward, 2 minibatches regrouped by prompt, a KL reference sharing too.
+learner = make_learner(model_dir, strategy="fsdp2", shared_prompt_forward=True, **SGD_SETTINGS)
+learner.optimizer = torch.optim.SGD(learner.policy.parameters(), lr=SGD_LR)
+batch = grouped_batch(seed=3)
+learner.score(batch)
+learner.update(batch)
+shared = dict(learner.weights_for_sync())
+
 # 3. The default AdamW update, then a DCP checkpoint of model + optimizer and the learner's other state.
 learner = make_learner(model_dir, strategy="fsdp2", **ADAM_SETTINGS)
 batch = toy_batch(n=10)
@@ -41,8 +51,8 @@ learner.save(ckpt / "policy")
 learner.save_dcp(ckpt / distributed.DCP_DIR)
 state = learner.state_dict()
 if distributed.rank() == 0:
-    torch.save({"sgd": sgd, "sgd_metrics": metrics, "skipped": skipped, "adam": adam, "adam_metrics": adam_metrics,
+    torch.save({"sgd": sgd, "sgd_metrics": metrics, "skipped": skipped, "shared": shared, "adam": adam, "adam_metrics": adam_metrics,
                 "state": state, "world_size": distributed.world_size()}, out / "fsdp.pt")
 else:
-    assert sgd == {} and adam == {} and skipped == {}, "only rank 0 receives the full state dict"
+    assert sgd == {} and adam == {} and skipped == {} and shared == {}, "only rank 0 receives the full state dict"
 torch.distributed.destroy_process_group()

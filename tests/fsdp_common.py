@@ -18,12 +18,13 @@ ADAM_SETTINGS = dict(micro_batch_size=4, grad_clip=1.0)
 
 
 def make_learner(model_dir, *, strategy="single", micro_batch_size=4, grad_clip=0.0,
-                 skip_rows_without_gradient=False, **algo):
+                 skip_rows_without_gradient=False, shared_prompt_forward=False, **algo):
     algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
     learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
                                   {"device": "cpu", "micro_batch_size": micro_batch_size, "grad_clip": grad_clip,
                                    "strategy": strategy, "total_steps": 10,
-                                   "skip_rows_without_gradient": skip_rows_without_gradient})
+                                   "skip_rows_without_gradient": skip_rows_without_gradient,
+                                   "shared_prompt_forward": shared_prompt_forward})
     return Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=1.0, seed=0,
                    max_completion_len=6)
 
@@ -37,6 +38,24 @@ def toy_batch(seed=0, n=10):
     batch = collate(prompts, completions, 0, [[-1.5] * len(c) for c in completions])
     batch["group_ids"] = torch.arange(n) // 2
     batch["advantages"] = torch.randn(n, 1, generator=g).expand_as(batch["response_mask"]).clone()
+    batch["loss_mask"] = batch["response_mask"]
+    return batch
+
+
+def grouped_batch(seed=0, groups=4, group_size=3):
+    """A sampled step's layout: `groups` prompts of 1-5 tokens, each with `group_size` completions of
+    1-6 tokens, rows in group order; per-row advantages and sampler logprobs as in toy_batch.
+    Prompt 1 is prompt 0 with a token 0 (the pad id) in front, so only the padding tells them apart."""
+    g = torch.Generator().manual_seed(seed)
+    distinct = [[1] + torch.randint(4, 16, (int(torch.randint(0, 5, (1,), generator=g)),), generator=g).tolist()
+                for _ in range(groups)]
+    distinct[1] = [0] + distinct[0]
+    prompts = [p for p in distinct for _ in range(group_size)]
+    completions = [torch.randint(4, 16, (int(torch.randint(0, 6, (1,), generator=g)),), generator=g).tolist() + [2]
+                   for _ in prompts]
+    batch = collate(prompts, completions, 0, [[-1.5] * len(c) for c in completions])
+    batch["group_ids"] = torch.arange(len(prompts)) // group_size
+    batch["advantages"] = torch.randn(len(prompts), 1, generator=g).expand_as(batch["response_mask"]).clone()
     batch["loss_mask"] = batch["response_mask"]
     return batch
 

@@ -14,7 +14,7 @@ import torch
 
 from grpo_lab.learner import distributed
 from grpo_lab.models import MODEL_BUILDERS
-from fsdp_common import ADAM_SETTINGS, SGD_LR, SGD_SETTINGS, make_learner, silent_batches, toy_batch
+from fsdp_common import ADAM_SETTINGS, SGD_LR, SGD_SETTINGS, grouped_batch, make_learner, silent_batches, toy_batch
 from helpers import REPO, assert_finite_metrics, read_metrics
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -85,6 +85,14 @@ def test_fsdp_skipping_rows_without_gradient_equals_the_full_single_process_upda
         learner.score(batch)
         learner.update(batch)
     assert_same_weights(res["skipped"], dict(learner.weights_for_sync()), before)
+
+
+def test_fsdp_with_shared_prompt_forwards_equals_the_unshared_single_process_update(fsdp_result):
+    """Each rank runs the prompt and completion forwards of the sharded model before one backward;
+    the SGD change equals one process's that forwards every row whole."""
+    model_dir, _, res = fsdp_result
+    _, before, after, _ = single_update(model_dir, SGD_SETTINGS, grouped_batch(seed=3), sgd=True)
+    assert_same_weights(res["shared"], after, before)
 
 
 def test_fsdp_adamw_update_equals_single_process(fsdp_result):

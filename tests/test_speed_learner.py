@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_lab.config import AlgorithmConfig, LearnerConfig
-from grpo_lab.learner.batch import collate, completion_logits, completion_stats, token_logprobs
+from grpo_lab.learner.batch import collate, completion_logits, completion_stats, prompt_groups, token_logprobs
 from grpo_lab.learner.learner import Learner
 from grpo_lab.models import MODEL_BUILDERS
 
@@ -237,3 +237,107 @@ def test_a_minibatch_with_every_row_silent_still_steps_adamw(model_dir):
     for name in deltas[0]:
         torch.testing.assert_close(deltas[1][name], deltas[0][name], rtol=0, atol=0)
     assert max(d.abs().max() for d in deltas[1].values()) > 0
+
+
+# ------------------------------------------------------- learner.shared_prompt_forward (arXiv 2506.05433)
+def test_prompt_groups_by_hand():
+    """Rows 0, 1, 4 share prompt [1, 5]; [5] and [0, 5] (pad id 0 as a real token) look alike once
+    left-padded to width 2 but differ in their masks, so they stay apart."""
+    batch = collate([[1, 5], [1, 5], [5], [0, 5], [1, 5]], [[2]] * 5, 0)
+    first, inverse = prompt_groups(batch)
+    groups = sorted([i for i in range(5) if inverse[i] == u] for u in range(len(first)))
+    assert groups == [[0, 1, 4], [2], [3]]
+    assert all(int(first[inverse[i]]) == group[0] for group in groups for i in group)
+
+
+def count_embedded_positions(model) -> list:
+    positions = []
+    model.get_input_embeddings().register_forward_pre_hook(lambda module, args: positions.append(args[0].numel()))
+    return positions
+
+
+def unpadded_grouped_batch():
+    """Every prompt 3 tokens, every completion 3: no padding anywhere (HF's mask shortcuts)."""
+    batch = collate([[1, 4, 5]] * 3 + [[1, 6, 7]] * 3, [[4, 5, 2], [6, 7, 2], [8, 9, 2]] * 2, 0,
+                    [[-1.5] * 3] * 6)
+    batch["advantages"] = torch.linspace(-1, 1, 6)[:, None].expand_as(batch["response_mask"]).clone()
+    return batch
+
+
+@pytest.mark.parametrize("chunk,lora,layout", [(None, False, "ragged"), (7, False, "ragged"), (None, True, "ragged"),
+                                               (None, False, "unpadded")])
+def test_shared_prompt_forward_gives_the_same_logprobs_entropy_and_gradients(model_dir, chunk, lora, layout):
+    """Each distinct prompt through the model once, its rows' completions on its cached keys/values:
+    the same logprobs, entropy and gradients (an entropy bonus on the graph too) from U·P + N·T
+    embedded positions instead of N·(P + T)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_lab.learner.learner import apply_lora
+
+    batch = fsdp_common.grouped_batch(seed=1) if layout == "ragged" else unpadded_grouped_batch()
+    (N, T), P = batch["completion_ids"].shape, batch.prompt_width
+    U = len(prompt_groups(batch)[0])
+    assert U == N // 3
+    out, positions = {}, {}
+    for shared in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+        if lora:
+            torch.manual_seed(0)          # LoRA's A is drawn from the global generator
+            model = apply_lora(model, OmegaConf.create({"rank": 4, "alpha": 8.0, "dropout": 0.0,
+                                                        "target_modules": ["q_proj", "v_proj", "down_proj"]}))
+            g = torch.Generator().manual_seed(0)
+            for name, p in model.named_parameters():
+                if "lora_B" in name:   # B = 0 at start would leave A without a gradient
+                    p.data.copy_(0.1 * torch.randn(p.shape, generator=g))
+        positions[shared] = count_embedded_positions(model)
+        logp, ent = completion_stats(model, batch, 0.7, chunk_tokens=chunk, entropy=True, entropy_grad=True,
+                                     shared_prompts=shared)
+        mask = batch["response_mask"]
+        ((logp * batch["advantages"] + 0.01 * ent) * mask).sum().backward()
+        out[shared] = (logp.detach() * mask, ent.detach() * mask,
+                       {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    (lp0, e0, g0), (lp1, e1, g1) = out[False], out[True]
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-5)
+    torch.testing.assert_close(e1, e0, rtol=0, atol=1e-5)
+    assert g0.keys() == g1.keys() and g0
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert sum(positions[False]) == N * (P + T)
+    assert sum(positions[True]) == U * P + N * T
+
+
+@pytest.mark.parametrize("learner_cfg,algo", [
+    ({}, {}),                                                                   # the default GRPO step
+    ({"skip_rows_without_gradient": True, "logits_chunk_tokens": 5, "max_tokens_per_micro_batch": 40},
+     {"kl": {"coef": 0.05}, "minibatches": 2}),                                 # the reference shares too
+    ({"lora": {"rank": 4, "alpha": 8.0}, "micro_batch_size": 5}, {"epochs": 2, "entropy_coef": 0.01}),
+])
+def test_the_update_with_shared_prompt_forwards_equals_the_update_without(model_dir, learner_cfg, algo):
+    """Minibatches are random draws of rows; the learner regroups them by prompt before micro-batching.
+    The parameter change (SGD), the gradient norm and the engine-mismatch metrics are the unshared
+    learner's, from fewer embedded positions."""
+    runs = {}
+    for shared in (False, True):
+        learner = make_learner(model_dir, {**learner_cfg, "shared_prompt_forward": shared}, **algo)
+        positions = count_embedded_positions(learner.policy.get_base_model() if learner.lora else learner.policy)
+        batch = fsdp_common.grouped_batch(seed=5, groups=4, group_size=4)
+        batch["advantages"][:4] = 0.0                  # one group whose rewards agreed (silent when skipping)
+        runs[shared] = (*run_step(learner, batch), sum(positions))
+    (m0, d0, n0), (m1, d1, n1) = runs[False], runs[True]
+    for name in d0:
+        torch.testing.assert_close(d1[name], d0[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert max(d.abs().max() for d in d1.values()) > 0
+    for k in [k for k in m0 if k.startswith("rollout/") or k == "actor/grad_norm"]:
+        assert m1[k] == pytest.approx(m0[k], rel=1e-4, abs=1e-6), k
+    assert n1 < n0
+
+
+def test_shared_prompt_forward_refuses_gradient_checkpointing():
+    """Under checkpointing HF drops the KV cache the completions need: refused at validation, with the fix."""
+    import re
+
+    from test_config import make
+    from grpo_lab.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=re.escape("learner.shared_prompt_forward=true needs the model's KV cache")):
+        validate(make(["learner.shared_prompt_forward=true", "learner.gradient_checkpointing=true"]))

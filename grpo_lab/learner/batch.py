@@ -111,17 +111,59 @@ def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id
     return TensorBatch(tensors, P)
 
 
-def completion_logits(model, batch: TensorBatch, temperature: float = 1.0) -> torch.Tensor:
+def prompt_groups(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first [U], inverse [N]): the batch's U distinct prompts as one row index each, and each row's
+    prompt as an index into them (row i's prompt is row first[inverse[i]]'s). Prompts are compared
+    with their padding marked, so two prompts that differ only in where the padding ends never merge."""
+    P, n = batch.prompt_width, len(batch)
+    key = batch["input_ids"][:, :P].masked_fill(batch["attention_mask"][:, :P] == 0, -1)      # [N, P]
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), n, dtype=torch.long, device=inverse.device)
+    return first.scatter_reduce_(0, inverse, torch.arange(n, device=inverse.device), "amin"), inverse
+
+
+def _predicting_outputs(forward, batch: TensorBatch, field: str, *, shared_prompts: bool, logits: bool) -> torch.Tensor:
+    """`field` of `forward`'s output (logits or last_hidden_state) at the T positions that predict the
+    completion tokens, P − 1 … P + T − 2: [N, T, ·]. `forward` is a CausalLM (logits=True: only the
+    positions kept go through the LM head, HF's `logits_to_keep`) or its decoder.
+
+    shared_prompts=True (learner.shared_prompt_forward): each distinct prompt goes through the model
+    once, and the rows that share it run only their completions, attending to its keys and values
+    (the KV cache, repeated per row, on the autograd graph): Prefix Grouper's shared-prefix forward
+    (arXiv 2506.05433). A group of G completions costs P + G·T positions instead of G·(P + T); the
+    outputs and gradients are the same up to float rounding (tests: 1e-5)."""
+    P, T = batch.prompt_width, batch["completion_ids"].shape[1]
+    ids, mask, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    if not shared_prompts:
+        out = getattr(forward(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                              **({"logits_to_keep": T + 1} if logits else {})), field)
+        assert not logits or out.shape[1] == T + 1, "the model ignored logits_to_keep"
+        return out[:, -(T + 1):-1]     # the last position predicts nothing
+    first, inverse = prompt_groups(batch)
+    prompt = forward(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=pos[first, :P],
+                     use_cache=True, **({"logits_to_keep": 1} if logits else {}))
+    cache = prompt.past_key_values
+    if cache is None or cache.get_seq_length() != P:
+        raise ValueError("learner.shared_prompt_forward needs the model's KV cache of the prompts, which this forward "
+                         "did not fill (gradient checkpointing turns it off): set learner.shared_prompt_forward=false "
+                         "or learner.gradient_checkpointing=false")
+    cache.batch_select_indices(inverse)                   # [U, ·, P, ·] -> [N, ·, P, ·]: each row's prompt
+    completion = forward(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
+                         use_cache=True, cache_position=torch.arange(P, P + T, device=ids.device),
+                         **({"logits_to_keep": 0} if logits else {}))     # 0: every position
+    return torch.cat([getattr(prompt, field)[:, -1:][inverse], getattr(completion, field)[:, :T - 1]], 1)
+
+
+def completion_logits(model, batch: TensorBatch, temperature: float = 1.0, *,
+                      shared_prompts: bool = False) -> torch.Tensor:
     """Logits [N, T, V] that predict each completion token, divided by the sampling temperature.
 
     Only the last T + 1 positions go through the LM head (HF's `logits_to_keep`): completions are
     right-padded to the row's end, so those are positions P − 1 … P + T − 1, and the last one predicts
-    nothing. The prompt positions' logits ([N, P, V], most of a short answer's batch) are never made."""
-    P, T = batch.prompt_width, batch["completion_ids"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False, logits_to_keep=T + 1)
-    assert out.logits.shape[1] == T + 1, "the model ignored logits_to_keep"
-    return out.logits[:, :T].float() / temperature                       # [N, T, V]
+    nothing. The prompt positions' logits ([N, P, V], most of a short answer's batch) are never made.
+    shared_prompts: each distinct prompt's forward once (`_predicting_outputs`)."""
+    logits = _predicting_outputs(model, batch, "logits", shared_prompts=shared_prompts, logits=True)
+    return logits.float() / temperature                                  # [N, T, V]
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -147,7 +189,7 @@ def _head_stats(head, hidden: torch.Tensor, tokens: torch.Tensor, temperature: f
 
 
 def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chunk_tokens: int | None = None,
-                     entropy: bool = False, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     entropy: bool = False, entropy_grad: bool = False, shared_prompts: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(token logprobs [N, T], entropy [N, T] or None) of the completions under `model`; the entropy
     carries a gradient only with entropy_grad=True (`_entropy`).
 
@@ -158,16 +200,16 @@ def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chu
     moment instead of the micro-batch's [N, T, V] three or four times (output, temperature copy,
     log-softmax, entropy). Same numbers up to matmul rounding (tests: 1e-6 in fp32), same gradients.
     Needs a CausalLM whose logits are lm_head(hidden) (Llama, Qwen2, Mistral; not soft-capped heads).
+    shared_prompts: each distinct prompt's forward once, in either mode (`_predicting_outputs`).
     """
     tokens = batch["completion_ids"]
     if chunk_tokens is None:
-        logits = completion_logits(model, batch, temperature)             # [N, T, V]
+        logits = completion_logits(model, batch, temperature, shared_prompts=shared_prompts)   # [N, T, V]
         return token_logprobs(logits, tokens), _entropy(logits, entropy, entropy_grad)
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model   # peft wrapper -> HF CausalLM
-    hidden = lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                              position_ids=batch["position_ids"], use_cache=False).last_hidden_state
-    P, (N, T) = batch.prompt_width, tokens.shape
-    hidden = hidden[:, P - 1:P - 1 + T].reshape(N * T, -1)                # [N·T, H]
+    N, T = tokens.shape
+    hidden = _predicting_outputs(lm.get_decoder(), batch, "last_hidden_state", shared_prompts=shared_prompts,
+                                 logits=False).reshape(N * T, -1)      # [N·T, H]
     flat, head, parts = tokens.reshape(N * T), lm.get_output_embeddings(), []
     for start in range(0, N * T, chunk_tokens):
         args = (head, hidden[start:start + chunk_tokens], flat[start:start + chunk_tokens], temperature, entropy,

@@ -22,7 +22,10 @@ At scale (issue 7), all off by default, which keeps today's numbers bit for bit:
 For speed (issue 10), also off by default: learner.skip_rows_without_gradient leaves out of the update
 the rows the objective says add exactly 0 (`Objective.rows_without_gradient`: e.g. a GRPO group
 whose rewards all agree has A = 0, so its rows' policy loss and gradient are 0); the minibatch-wide
-normalisers still count them, so the update is the same up to float rounding.
+normalisers still count them, so the update is the same up to float rounding. And
+learner.shared_prompt_forward runs each distinct prompt of a micro-batch through the model once, its
+rows' completions attending to its cached keys and values (Prefix Grouper, arXiv 2506.05433): the
+same logprobs and gradients up to rounding, for P + G·T positions a group instead of G·(P + T).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from transformers import AutoModel, AutoModelForCausalLM
 
 from grpo_lab.algos import aggregate, clipped_value_loss, logprob_mismatch_metrics, truncated_is_weights
 from grpo_lab.learner import distributed
-from grpo_lab.learner.batch import TensorBatch, completion_stats
+from grpo_lab.learner.batch import TensorBatch, completion_stats, prompt_groups
 from grpo_lab.learner.schedules import lr_factor
 from grpo_lab.objectives import OBJECTIVES
 
@@ -209,6 +212,7 @@ class Learner:
         self.autocast_dtype = torch.bfloat16 if _opt(learner_cfg, "dtype", "fp32") == "bf16" else None
         self.token_budget = _opt(learner_cfg, "max_tokens_per_micro_batch", None)
         self.logits_chunk = _opt(learner_cfg, "logits_chunk_tokens", None)
+        self.shared_prompts = _opt(learner_cfg, "shared_prompt_forward", False)
         policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
         if _opt(learner_cfg, "gradient_checkpointing", False):
             # Non-reentrant checkpointing works with frozen inputs (LoRA) and autocast, needs no
@@ -323,7 +327,8 @@ class Learner:
                 return self.policy_logprobs(micro, entropy=entropy, entropy_grad=entropy_grad)
         with self._autocast():
             return completion_stats(self.policy if model is None else model, micro, self.temperature,
-                                    chunk_tokens=self.logits_chunk, entropy=entropy, entropy_grad=entropy_grad)
+                                    chunk_tokens=self.logits_chunk, entropy=entropy, entropy_grad=entropy_grad,
+                                    shared_prompts=self.shared_prompts)
 
     def _autocast(self):
         """bf16 compute over fp32 master weights (learner.dtype=bf16); nothing otherwise. Backward
@@ -402,6 +407,12 @@ class Learner:
         filler = functools.partial(minibatch.index, torch.arange(1))   # a zero-weight pass's one row
         if train_idx is not None and not len(train_idx):
             return [(None, filler(), False)]
+        if self.shared_prompts:
+            # A minibatch is a random draw of rows; put rows of one prompt next to each other so that
+            # micro-batches hold whole groups and each prompt's forward is shared by all of them
+            # (only the order of the micro-batches' sums changes).
+            rows = torch.arange(len(minibatch)) if train_idx is None else train_idx
+            train_idx = rows[torch.sort(prompt_groups(minibatch.index(rows))[1], stable=True).indices]
         trained = minibatch
         if train_idx is not None:   # only the padding these rows need
             trained = minibatch.index(train_idx)
