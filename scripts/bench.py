@@ -24,7 +24,9 @@ so a slow patch of this shared 2-core machine does not land on one side only):
                same seed and steps, rotating order: median learner phase (perf/learn_s) and step
                (perf/step_time_s), the share of rows without gradient (a group whose rewards agree
                has A = 0), and the held-out greedy accuracy of both final models.
-6. TRL       — the whole RL phase of `python -m grpo_lab.train` (sum of perf/step_time_s: no
+6. shared    — the same with learner.shared_prompt_forward=true vs false: each distinct prompt's
+               forward once, its G completions on its cached keys/values (arXiv 2506.05433).
+7. TRL       — the whole RL phase of `python -m grpo_lab.train` (sum of perf/step_time_s: no
                start-up, warm-up or evals) vs TRL `GRPOTrainer.train()` (its own venv under
                .cache/trl_venv, trl==1.16.0, built with `-c requirements.lock`), same warm-up
                checkpoint, task, G, prompts per step, steps, lr, temperature, β=0, token-mean
@@ -207,20 +209,22 @@ def bench_overlap(cfg, overrides: list[str], steps: int, reps: int, tmp: Path) -
     return times
 
 
-def bench_skip_rows(cfg, overrides: list[str], steps: int, reps: int, tmp: Path, task) -> dict:
-    """learner.skip_rows_without_gradient on vs off: the same runs otherwise, in rotating order."""
+def bench_learner_flag(cfg, overrides: list[str], flag: str, steps: int, reps: int, tmp: Path, task) -> dict:
+    """learner.<flag>=true ("on") vs false ("off"): the same runs otherwise, alternating order; median
+    learner phase and step (step 1, the warm-up, left out), mean silent-row share, and the final
+    models' held-out greedy accuracy."""
     from transformers import AutoTokenizer
 
     from grpo_lab.prompts import prepare_for_model
 
     base = [*overrides, f"trainer.total_steps={steps}", "trainer.eval_every=0", "trainer.save_checkpoint=true"]
-    out = {k: {"learn": [], "step": [], "silent": [], "acc": []} for k in ("skip", "all")}
+    out = {k: {"learn": [], "step": [], "silent": [], "acc": []} for k in ("on", "off")}
     test = task.splits[cfg.trainer.eval_split]
     tok = None
     for r in range(reps):
-        for k in (("skip", "all") if r % 2 == 0 else ("all", "skip")):
-            run_dir = tmp / f"skip_{k}_{r}"
-            lines = run_train([*base, f"learner.skip_rows_without_gradient={k == 'skip'}"], run_dir)[1:]  # step 1: warm-up
+        for k in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            run_dir = tmp / f"{flag}_{k}_{r}"
+            lines = run_train([*base, f"learner.{flag}={k == 'on'}"], run_dir)[1:]  # step 1: warm-up
             steps_only = [m for m in lines if "perf/learn_s" in m]
             out[k]["learn"].append(med([m["perf/learn_s"] for m in steps_only]))
             out[k]["step"].append(med([m["perf/step_time_s"] for m in steps_only]))
@@ -229,6 +233,11 @@ def bench_skip_rows(cfg, overrides: list[str], steps: int, reps: int, tmp: Path,
             tok = tok or prepare_for_model(task, AutoTokenizer.from_pretrained(str(final)), cfg.task)
             out[k]["acc"].append(evaluate_dir(final, test, int(cfg.rollout.max_new_tokens), tok)[0])
     return out
+
+
+def accuracies(ab: dict, steps: int) -> str:
+    return ("held-out greedy accuracy (test split) on " + ", ".join(f"{a:.1%}" for a in ab["on"]["acc"]) + " vs off "
+            + ", ".join(f"{a:.1%}" for a in ab["off"]["acc"]) + f" ({steps}-step runs)")
 
 
 def ensure_trl_venv() -> Path | str:
@@ -354,9 +363,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150, help="RL steps of the lab vs TRL runs (default 150)")
     parser.add_argument("--overlap-steps", type=int, default=20, help="steps per overlap run (default 20)")
     parser.add_argument("--overlap-reps", type=int, default=2, help="runs per overlap setting (default 2)")
-    parser.add_argument("--skip-steps", type=int, default=150, help="steps per skip-rows run (default 150)")
-    parser.add_argument("--skip-reps", type=int, default=2, help="runs per skip-rows setting (default 2)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["phases", "overlap", "skip_rows", "trl"])
+    parser.add_argument("--ab-steps", "--skip-steps", dest="ab_steps", type=int, default=150,
+                        help="steps per run of the learner-flag rows, skip rows and shared (default 150)")
+    parser.add_argument("--ab-reps", "--skip-reps", dest="ab_reps", type=int, default=2,
+                        help="runs per setting of the learner-flag rows (default 2)")
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["phases", "overlap", "skip_rows", "shared_prompts", "trl"])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (default: the default run)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -404,14 +416,20 @@ def main() -> None:
                                      "max_staleness=0 step ms", "(trainer.backend=ray)"))
         if "skip_rows" not in args.skip:
             print("[bench] rows without gradient skipped vs trained ...", file=sys.stderr, flush=True)
-            sk = bench_skip_rows(cfg, args.overrides, args.skip_steps, args.skip_reps, tmp, task)
-            lines += [row("skip rows", sk["skip"]["learn"], sk["all"]["learn"], "silent rows skipped: learner ms",
+            sk = bench_learner_flag(cfg, args.overrides, "skip_rows_without_gradient", args.ab_steps, args.ab_reps,
+                                    tmp, task)
+            lines += [row("skip rows", sk["on"]["learn"], sk["off"]["learn"], "silent rows skipped: learner ms",
                           "every row trained: learner ms", "learner.skip_rows_without_gradient"),
-                      row("", sk["skip"]["step"], sk["all"]["step"], "... step ms", "... step ms", ""),
-                      f"{'':<10}rows without gradient {100 * statistics.mean(sk['all']['silent']):.1f} % of the "
-                      f"learner's rows; held-out greedy accuracy (test split) skip "
-                      + ", ".join(f"{a:.1%}" for a in sk["skip"]["acc"]) + " vs all "
-                      + ", ".join(f"{a:.1%}" for a in sk["all"]["acc"]) + f" ({args.skip_steps}-step runs)"]
+                      row("", sk["on"]["step"], sk["off"]["step"], "... step ms", "... step ms", ""),
+                      f"{'':<10}rows without gradient {100 * statistics.mean(sk['off']['silent']):.1f} % of the "
+                      f"learner's rows; " + accuracies(sk, args.ab_steps)]
+        if "shared_prompts" not in args.skip:
+            print("[bench] shared prompt forwards vs whole rows ...", file=sys.stderr, flush=True)
+            sp = bench_learner_flag(cfg, args.overrides, "shared_prompt_forward", args.ab_steps, args.ab_reps, tmp, task)
+            lines += [row("shared", sp["on"]["learn"], sp["off"]["learn"], "prompt forward shared: learner ms",
+                          "every row whole: learner ms", "learner.shared_prompt_forward"),
+                      row("", sp["on"]["step"], sp["off"]["step"], "... step ms", "... step ms", ""),
+                      f"{'':<10}" + accuracies(sp, args.ab_steps)]
         if "trl" not in args.skip:
             print(f"[bench] lab vs TRL, {args.steps} steps each ...", file=sys.stderr, flush=True)
             tr = bench_trl(cfg, args.overrides, policy_dir, task, args.steps, tmp)
