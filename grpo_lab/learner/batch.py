@@ -189,7 +189,8 @@ def _head_stats(head, hidden: torch.Tensor, tokens: torch.Tensor, temperature: f
 
 
 def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chunk_tokens: int | None = None,
-                     entropy: bool = False, entropy_grad: bool = False, shared_prompts: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     entropy: bool = False, entropy_grad: bool = False,
+                     shared_prompts: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(token logprobs [N, T], entropy [N, T] or None) of the completions under `model`; the entropy
     carries a gradient only with entropy_grad=True (`_entropy`).
 
