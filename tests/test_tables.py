@@ -550,6 +550,55 @@ def test_blocks_compare_each_row_with_their_own_baseline(tmp_path):
     assert result["findings"]["rows"]["task=gcd dapo"] == pytest.approx(0.32)
 
 
+def test_a_launch_that_pins_a_block_key_keeps_the_blocks_apart(tmp_path):
+    """`--add-seeds 3 -- task=gcd` puts task=gcd among the launch's shared overrides; the table built after it
+    still has one block per task (it once ignored task as shared, merged both tasks into a block "task=None"
+    and paired each gcd seed with a chain_sum run of the same seed)."""
+    spec = load_spec(write_spec(tmp_path, """
+        title: blocks
+        paper_finding: "x (arXiv 0000.00000)"
+        sweep: {task: "gcd,chain_sum"}
+        variants:
+          - {name: grpo, overrides: [rollout.temperature=1.0]}
+          - {name: dapo, overrides: [rollout.temperature=0.9]}
+        within: [task]
+        baseline: grpo
+        target: 0.6
+    """))
+    plan = make_plan(spec, extra=["task=gcd"], runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    assert "task=gcd" in plan.base
+    accs = {("gcd", "grpo"): (.20, .22, .24, .21), ("gcd", "dapo"): (.30, .31, .35, .31),
+            ("chain_sum", "grpo"): (.70, .72, .71), ("chain_sum", "dapo"): (.70, .71, .72)}
+    for (task, variant), values in accs.items():
+        for seed, acc in enumerate(values):
+            _fake_run(plan.runs_dir / f"{task}_{variant}{seed}", variant, seed, acc, extra=f"- task={task}\n")
+    result = build(plan, header_extra={"command": "test"}, launch_notes=[])
+    assert set(result["findings"]["blocks"]) == {"task=gcd", "task=chain_sum"}
+    # gcd: dapo − grpo = .10, .09, .11, .10 per seed; chain_sum's 3 seeds stay in their own block
+    assert result["findings"]["rows"]["task=gcd dapo"] == pytest.approx(0.3175)
+    assert result["findings"]["rows"]["task=chain_sum grpo"] == pytest.approx(0.71)
+    assert "task=None" not in result["md"].read_text()
+
+
+def test_a_row_whose_runs_disagree_on_a_block_key_is_refused():
+    """The invariant behind the blocks: every run of a row has the row's block value."""
+    from grpo_lab.tables.findings import block_value
+
+    class Run:
+        def __init__(self, task):
+            self.override_map = {"task": task}
+
+    class Group:
+        label, values = "variant=grpo", {"variant": "grpo"}
+
+        def __init__(self, *tasks):
+            self.runs = [Run(t) for t in tasks]
+
+    assert block_value(Group("gcd", "gcd"), "task") == "gcd"
+    with pytest.raises(ValueError, match=r"row 'variant=grpo' holds runs of different task=\['chain_sum', 'gcd'\]"):
+        block_value(Group("gcd", "chain_sum"), "task")
+
+
 def test_lab_only_sweep_keys_leave_the_full_scale_recipe_its_own_value(tmp_path):
     """A lab task sweep (chain_sum vs partial_sums) must not replace a full-scale recipe's own data: at
     --scale full the key is not swept, the table is one block, and jobs/command carry no task override."""

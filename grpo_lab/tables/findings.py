@@ -90,14 +90,16 @@ def direction_verdict(direction: str, d: float, half: float) -> str:
     return "unresolved, " + ("paper's side" if sign * d > 0 else "other side" if sign * d < 0 else "Δ = 0")
 
 
-def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
-    """Markdown "what we found" computed from the groups, and the numbers behind it; with spec.within
-    (e.g. [task]) one such section per block, each row compared with its own block's baseline."""
-    if not spec.within:
+def findings(spec: TableSpec, groups: list, keys: list[str], within: list[str] | None = None) -> tuple[str, dict]:
+    """Markdown "what we found" computed from the groups, and the numbers behind it; with `within`
+    (the block keys this scale sweeps, spec.within by default, e.g. [task]) one such section per
+    block, each row compared with its own block's baseline."""
+    within = spec.within if within is None else within
+    if not within:
         return block_findings(spec, groups, keys)
     blocks: dict[str, list] = {}
     for g in groups:
-        blocks.setdefault(" ".join(f"{k}={g.values.get(k)}" for k in spec.within), []).append(g)
+        blocks.setdefault(" ".join(f"{k}={block_value(g, k)}" for k in within), []).append(g)
     texts, numbers = [], {"blocks": {}, "rows": {}}
     for name, block in blocks.items():
         text, found = block_findings(spec, block, keys)
@@ -105,6 +107,19 @@ def findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]
         numbers["blocks"][name] = found
         numbers["rows"].update({f"{name} {row}": acc for row, acc in found.get("rows", {}).items()})
     return "\n\n".join(texts), numbers
+
+
+def block_value(group, key: str) -> str | None:
+    """The group's value of a block key: its grouping value, or (a key every run shares, so not a
+    grouping key) the runs' common override. A group whose runs disagree would pair one block's
+    seed with another's (a pinned sweep key once merged the two tasks of the DAPO ladder)."""
+    if key in group.values:
+        return group.values[key]
+    values = {run.override_map.get(key) for run in group.runs}
+    if len(values) > 1:
+        raise ValueError(f"row {group.label!r} holds runs of different {key}={sorted(map(str, values))}: "
+                         f"{key} must be a grouping key of the table")
+    return values.pop() if values else None
 
 
 def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
@@ -276,10 +291,13 @@ def build(plan: Plan, *, header_extra: dict[str, str], launch_notes: list[str]) 
     spec = plan.spec
     runs = load_runs([plan.runs_dir])
     # Rows differ by variant and sweep keys only; everything else every job shares (a spelling
-    # difference in a shared override must not split a row).
-    ignore = sorted({override_key(o) for o in plan.base} | {"logger.group"})
+    # difference in a shared override must not split a row). A sweep key one launch pinned
+    # (`--add-seeds 9 -- task=partial_sums`) still tells the table's rows apart.
+    swept = {override_key(k) for k in spec.sweep}
+    ignore = sorted({override_key(o) for o in plan.base} - swept | {"logger.group"})
     groups, keys = group_runs(runs, group_by=spec.group_by, ignore=ignore)
-    found, numbers = findings(spec, groups, keys)
+    # A lab-only block key (task) at --scale full is not swept: the recipe fixes it, one block.
+    found, numbers = findings(spec, groups, keys, within=[k for k in spec.within if k in plan.sweep])
     notes = [f"**What the paper found.** {spec.paper_finding}", "", found]
     if spec.notes:
         notes += ["", f"**Setup and budget.** {spec.notes}"]
