@@ -90,6 +90,55 @@ def interleave(a, b, reps: int) -> tuple[list[float], list[float]]:
 
 
 # ------------------------------------------------------------------------------------- rows 1-3
+def learner_step(learner, roll, pad_id: int):
+    """(step, advantages): step() is one Learner.score + update on a fresh batch of the fixed rollout
+    `roll`, with fixed random advantages (the learner's work does not depend on their values)."""
+    import torch
+
+    from grpo_lab.learner.batch import collate
+
+    mask = collate(roll.prompt_ids, roll.completion_ids, pad_id, roll.sampler_logprobs)["response_mask"]
+    adv = torch.randn(len(mask), 1, generator=torch.Generator().manual_seed(0)).expand_as(mask).clone()
+
+    def step():
+        batch = collate(roll.prompt_ids, roll.completion_ids, pad_id, roll.sampler_logprobs)
+        learner.score(batch)
+        batch["advantages"], batch["loss_mask"] = adv, batch["response_mask"]
+        learner.update(batch)
+    return step, adv
+
+
+def bench_shared_learner(overrides: list[str], policy_dir: Path, task, reps: int) -> dict:
+    """The learner phase alone, learner.shared_prompt_forward on vs off, on one fixed rollout of the
+    start model (interleaved): what sharing saves without the rollout's and the run's noise around it."""
+    from transformers import AutoTokenizer
+
+    from grpo_lab.learner.batch import encode_prompt
+    from grpo_lab.learner.learner import Learner, set_cpu_threads
+    from grpo_lab.rollout import make_engine
+
+    cfgs = {k: compose([*overrides, f"learner.shared_prompt_forward={k == 'on'}"]) for k in ("on", "off")}
+    cfg = cfgs["on"]
+    threads = set_cpu_threads(cfg.learner.num_threads)
+    tok = AutoTokenizer.from_pretrained(str(policy_dir))
+    r = cfg.rollout
+    prompts = [encode_prompt(tok, it.prompt) for it in task.splits["train"][:cfg.trainer.prompts_per_step]]
+    engine = make_engine(policy_dir, r, seed=cfg.seed)
+    try:
+        roll = engine.generate(prompts, n=int(r.group_size), temperature=r.temperature, top_p=r.top_p,
+                               max_new_tokens=int(r.max_new_tokens), seed=7)
+    finally:
+        engine.close()
+    steps = {k: learner_step(Learner(policy_dir, learner_cfg=c.learner, algo_cfg=c.algorithm, temperature=r.temperature,
+                                     seed=c.seed, max_completion_len=int(r.max_new_tokens)), roll, tok.pad_token_id)[0]
+             for k, c in cfgs.items()}
+    on, off = interleave(steps["on"], steps["off"], reps)
+    P = max(len(p) for p in roll.prompt_ids)
+    T = max(len(c) for c in roll.completion_ids)
+    return {"on": on, "off": off, "threads": threads, "rows": len(roll.completion_ids), "prompts": len(prompts),
+            "P": P, "T": T}
+
+
 def bench_phases(cfg, policy_dir: Path, task, reps: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -129,14 +178,7 @@ def bench_phases(cfg, policy_dir: Path, task, reps: int) -> dict:
         roll = engine.generate(prompts, n=G, temperature=r.temperature, top_p=r.top_p, max_new_tokens=max_new, seed=7)
         learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, temperature=r.temperature,
                           seed=cfg.seed, max_completion_len=max_new)
-        base = collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, roll.sampler_logprobs)
-        adv = torch.randn(len(base), 1, generator=torch.Generator().manual_seed(0)).expand_as(base["response_mask"]).clone()
-
-        def lab_learn():
-            batch = collate(roll.prompt_ids, roll.completion_ids, tok.pad_token_id, roll.sampler_logprobs)
-            learner.score(batch)
-            batch["advantages"], batch["loss_mask"] = adv, batch["response_mask"]
-            learner.update(batch)
+        lab_learn, adv = learner_step(learner, roll, tok.pad_token_id)
 
         plain = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32)
         opt = torch.optim.AdamW(plain.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay)
@@ -426,10 +468,14 @@ def main() -> None:
         if "shared_prompts" not in args.skip:
             print("[bench] shared prompt forwards vs whole rows ...", file=sys.stderr, flush=True)
             sp = bench_learner_flag(cfg, args.overrides, "shared_prompt_forward", args.ab_steps, args.ab_reps, tmp, task)
+            one = bench_shared_learner(args.overrides, policy_dir, task, args.reps)
             lines += [row("shared", sp["on"]["learn"], sp["off"]["learn"], "prompt forward shared: learner ms",
                           "every row whole: learner ms", "learner.shared_prompt_forward"),
                       row("", sp["on"]["step"], sp["off"]["step"], "... step ms", "... step ms", ""),
-                      f"{'':<10}" + accuracies(sp, args.ab_steps)]
+                      f"{'':<10}" + accuracies(sp, args.ab_steps),
+                      row("", one["on"], one["off"], "... one fixed rollout: learner ms", "learner ms",
+                          f"{one['rows']} rows of {one['prompts']} prompts, P {one['P']}, T {one['T']}, "
+                          f"{one['threads']} threads")]
         if "trl" not in args.skip:
             print(f"[bench] lab vs TRL, {args.steps} steps each ...", file=sys.stderr, flush=True)
             tr = bench_trl(cfg, args.overrides, policy_dir, task, args.steps, tmp)
