@@ -567,6 +567,7 @@ def test_a_launch_that_pins_a_block_key_keeps_the_blocks_apart(tmp_path):
     """))
     plan = make_plan(spec, extra=["task=gcd"], runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
     assert "task=gcd" in plan.base
+    assert plan.blocks() == [["task=gcd"]]            # this launch's SFT controls: gcd's only
     accs = {("gcd", "grpo"): (.20, .22, .24, .21), ("gcd", "dapo"): (.30, .31, .35, .31),
             ("chain_sum", "grpo"): (.70, .72, .71), ("chain_sum", "dapo"): (.70, .71, .72)}
     for (task, variant), values in accs.items():

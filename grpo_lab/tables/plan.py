@@ -107,14 +107,19 @@ class Plan:
         return self.runs_dir / ".variants"
 
     def blocks(self) -> list[list[str]]:
-        """The overrides of each block of spec.within (e.g. [["task=gcd"], ["task=chain_sum"]]); [[]] = one block."""
+        """The overrides of each block of spec.within this launch runs (e.g. [["task=gcd"], ["task=chain_sum"]],
+        or [["task=gcd"]] when an extra override pins task=gcd, as jobs() does); [[]] = one block."""
         import itertools
 
         parser = overrides_parser()
+        pinned = {override_key(o): o for o in self.base}
         axes = []
         for k in self.spec.within:
             if k not in self.sweep:
                 continue  # a lab-only key at full scale: the recipe fixes it, one block
+            if override_key(k) in pinned:
+                axes.append([pinned[override_key(k)]])
+                continue
             ov = parser.parse_override(f"{k}={self.sweep[k]}")
             vals = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
             axes.append([f"{k}={x}" for x in vals])
