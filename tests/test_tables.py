@@ -520,9 +520,8 @@ def test_readme_lists_every_block_of_a_table(tmp_path):
             "(10.0%) — the baseline itself. *task=q*: Best mean final accuracy: **x** (50.0%), second.") in row
 
 
-def test_blocks_compare_each_row_with_their_own_baseline(tmp_path):
-    """within: [task]: one findings section per task, Δ against that task's grpo row, paired by seed."""
-    spec = load_spec(write_spec(tmp_path, """
+# Two tasks, each its own block with its own grpo baseline.
+BLOCKS_SPEC = """
         title: blocks
         paper_finding: "x (arXiv 0000.00000)"
         sweep: {task: "gcd,chain_sum"}
@@ -532,7 +531,12 @@ def test_blocks_compare_each_row_with_their_own_baseline(tmp_path):
         within: [task]
         baseline: grpo
         target: 0.6
-    """))
+    """
+
+
+def test_blocks_compare_each_row_with_their_own_baseline(tmp_path):
+    """within: [task]: one findings section per task, Δ against that task's grpo row, paired by seed."""
+    spec = load_spec(write_spec(tmp_path, BLOCKS_SPEC))
     plan = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
     assert plan.blocks() == [["task=gcd"], ["task=chain_sum"]]
     accs = {"gcd": {"grpo": (.20, .22, .24), "dapo": (.30, .31, .35)}, "chain_sum": {"grpo": (.70, .72, .71),
@@ -554,17 +558,7 @@ def test_a_launch_that_pins_a_block_key_keeps_the_blocks_apart(tmp_path):
     """`--add-seeds 3 -- task=gcd` puts task=gcd among the launch's shared overrides; the table built after it
     still has one block per task (it once ignored task as shared, merged both tasks into a block "task=None"
     and paired each gcd seed with a chain_sum run of the same seed)."""
-    spec = load_spec(write_spec(tmp_path, """
-        title: blocks
-        paper_finding: "x (arXiv 0000.00000)"
-        sweep: {task: "gcd,chain_sum"}
-        variants:
-          - {name: grpo, overrides: [rollout.temperature=1.0]}
-          - {name: dapo, overrides: [rollout.temperature=0.9]}
-        within: [task]
-        baseline: grpo
-        target: 0.6
-    """))
+    spec = load_spec(write_spec(tmp_path, BLOCKS_SPEC))
     plan = make_plan(spec, extra=["task=gcd"], runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
     assert "task=gcd" in plan.base
     assert plan.blocks() == [["task=gcd"]]            # this launch's SFT controls: gcd's only
