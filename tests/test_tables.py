@@ -575,23 +575,22 @@ def test_a_launch_that_pins_a_block_key_keeps_the_blocks_apart(tmp_path):
     assert "task=None" not in result["md"].read_text()
 
 
-def test_a_row_whose_runs_disagree_on_a_block_key_is_refused():
+def test_a_row_whose_runs_disagree_on_a_block_key_is_refused(tmp_path):
     """The invariant behind the blocks: every run of a row has the row's block value."""
+    from grpo_lab.report import load_runs
+    from grpo_lab.report.runs import Group
     from grpo_lab.tables.findings import block_value
 
-    class Run:
-        def __init__(self, task):
-            self.override_map = {"task": task}
+    for seed, task in enumerate(("gcd", "gcd", "chain_sum")):
+        _fake_run(tmp_path / f"r{seed}", "grpo", seed, 0.5, extra=f"- task={task}\n")
+    gcd, gcd_too, chain_sum = load_runs([tmp_path / f"r{i}" for i in range(3)])
 
-    class Group:
-        label, values = "variant=grpo", {"variant": "grpo"}
+    def row(*runs):
+        return Group("variant=grpo", {"variant": "grpo"}, list(runs))
 
-        def __init__(self, *tasks):
-            self.runs = [Run(t) for t in tasks]
-
-    assert block_value(Group("gcd", "gcd"), "task") == "gcd"
+    assert block_value(row(gcd, gcd_too), "task") == "gcd"
     with pytest.raises(ValueError, match=r"row 'variant=grpo' holds runs of different task=\['chain_sum', 'gcd'\]"):
-        block_value(Group("gcd", "chain_sum"), "task")
+        block_value(row(gcd, chain_sum), "task")
 
 
 def test_lab_only_sweep_keys_leave_the_full_scale_recipe_its_own_value(tmp_path):

@@ -296,8 +296,7 @@ def build(plan: Plan, *, header_extra: dict[str, str], launch_notes: list[str]) 
     swept = {override_key(k) for k in spec.sweep}
     ignore = sorted({override_key(o) for o in plan.base} - swept | {"logger.group"})
     groups, keys = group_runs(runs, group_by=spec.group_by, ignore=ignore)
-    # A lab-only block key (task) at --scale full is not swept: the recipe fixes it, one block.
-    found, numbers = findings(spec, groups, keys, within=[k for k in spec.within if k in plan.sweep])
+    found, numbers = findings(spec, groups, keys, within=plan.block_keys)
     notes = [f"**What the paper found.** {spec.paper_finding}", "", found]
     if spec.notes:
         notes += ["", f"**Setup and budget.** {spec.notes}"]

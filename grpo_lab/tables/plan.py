@@ -106,24 +106,22 @@ class Plan:
     def variants_root(self) -> Path:
         return self.runs_dir / ".variants"
 
-    def blocks(self) -> list[list[str]]:
-        """The overrides of each block of spec.within this launch runs (e.g. [["task=gcd"], ["task=chain_sum"]],
-        or [["task=gcd"]] when an extra override pins task=gcd, as jobs() does); [[]] = one block."""
-        import itertools
+    @property
+    def block_keys(self) -> list[str]:
+        """spec.within less the keys this scale does not sweep (a lab-only task at full scale: the
+        recipe fixes it, one block)."""
+        return [k for k in self.spec.within if k in self.sweep]
 
-        parser = overrides_parser()
-        pinned = {override_key(o): o for o in self.base}
-        axes = []
-        for k in self.spec.within:
-            if k not in self.sweep:
-                continue  # a lab-only key at full scale: the recipe fixes it, one block
-            if override_key(k) in pinned:
-                axes.append([pinned[override_key(k)]])
-                continue
-            ov = parser.parse_override(f"{k}={self.sweep[k]}")
-            vals = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
-            axes.append([f"{k}={x}" for x in vals])
-        return [list(c) for c in itertools.product(*axes)]
+    def blocks(self) -> list[list[str]]:
+        """The overrides of each block this launch runs, read off its jobs (e.g. [["task=gcd"], ["task=chain_sum"]],
+        or [["task=gcd"]] when an extra override pins task=gcd); [[]] = one block."""
+        out: list[list[str]] = []
+        for job in self.jobs():
+            by_key = {override_key(o): o for o in job}
+            block = [by_key[override_key(k)] for k in self.block_keys]
+            if block not in out:
+                out.append(block)
+        return out or [[]]
 
     def jobs(self) -> list[list[str]]:
         """Every job's task overrides, in the order Hydra's BasicSweeper runs them (seed varies fastest)."""
