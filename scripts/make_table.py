@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
+        plan.name_runs_apart()   # its jobs are numbered from 0 again: directories of their own
     elif not args.dry_run:
         archived = archive_previous(plan.runs_dir)
         if archived:

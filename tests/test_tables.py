@@ -575,6 +575,33 @@ def test_a_launch_that_pins_a_block_key_keeps_the_blocks_apart(tmp_path):
     assert "task=None" not in result["md"].read_text()
 
 
+def test_an_added_launch_runs_in_directories_of_its_own(tmp_path):
+    """Hydra numbers an added launch's jobs from 0 again and a run's name holds only variant and seed, so
+    `--add-seeds 3 -- task=chain_sum` once ran into the directories `--add-seeds 3 -- task=gcd` had left
+    (0_grpo_s3: Hydra rewrote its overrides to chain_sum, the trainer refused, the gcd run was relabelled).
+    Now preflight refuses a job whose directory exists, and an added launch names its directories apart."""
+    spec = load_spec(write_spec(tmp_path, BLOCKS_SPEC))
+    runs = tmp_path / "runs"
+    for task, seeds in (("gcd", range(4)), ("chain_sum", range(3))):
+        for seed in seeds:
+            for num, variant in enumerate(("grpo", "dapo")):
+                name = f"{num}_{variant}_s3" if seed == 3 else f"{task}_{variant}{seed}"  # gcd's seed 3: added alone
+                _fake_run(runs / spec.name / name, variant, seed, 0.5, extra=f"- task={task}\n")
+    plan = make_plan(spec, extra=["task=chain_sum"], seeds=[3], runs_root=runs, tables_root=tmp_path / "tables")
+    with pytest.raises(TableSpecError, match=r"job `\+variant=grpo seed=3`: TableSpecError: its run directory "
+                                             r"\S*/0_grpo_s3 already exists"):
+        preflight(plan)
+    plan.name_runs_apart()
+    assert preflight(plan) == 2
+    gcd_overrides = (plan.runs_dir / "0_grpo_s3" / ".hydra" / "overrides.yaml").read_text()
+    # Hydra's own multirun places them (each job then stops at the trainer's first check, total_steps=-1)
+    subprocess.run([*plan.command, "trainer.total_steps=-1"], cwd=REPO, capture_output=True, text=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert sorted(d.name for d in plan.runs_dir.glob("added-*")) == [f"added-{plan.stamp}_0_grpo_s3",
+                                                                     f"added-{plan.stamp}_1_dapo_s3"]
+    assert (plan.runs_dir / "0_grpo_s3" / ".hydra" / "overrides.yaml").read_text() == gcd_overrides
+
+
 def test_a_row_whose_runs_disagree_on_a_block_key_is_refused(tmp_path):
     """The invariant behind the blocks: every run of a row has the row's block value."""
     from grpo_lab.report import load_runs

@@ -74,10 +74,12 @@ def seeds_on_disk(runs_dir: Path) -> set[int]:
 def jobs_but_seeds(command: list[str]) -> list[str]:
     """A multirun command without the parts that may differ between two launches of the same table's jobs
     (the interpreter, seeds, the wandb group's time stamp, how jobs are launched, and the paths of the
-    table's own directory, which a launch restored in another checkout names differently): equal for
+    table's own directory, which a launch restored in another checkout names differently, and an added
+    launch's run directories, Plan.name_runs_apart): equal for
     launches whose rows may merge."""
     return [c for c in command[1:] if not c.startswith(("seed=", "logger.group=", "hydra/launcher=", "hydra.launcher.",
-                                                        "hydra.sweep.dir=", "hydra.searchpath="))]
+                                                        "hydra.sweep.dir=", "hydra.sweep.subdir=",
+                                                        "hydra.searchpath="))]
 
 
 def launches(meta: dict) -> list[dict]:

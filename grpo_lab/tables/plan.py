@@ -101,6 +101,10 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     # The sweep of this scale: spec.sweep less spec.lab_only_sweep at --scale full.
     sweep: dict[str, str] = field(default_factory=dict)
+    # When the plan was made (also in `group`), and what is prepended to each job's directory name,
+    # `<prefix><job num>_<run name>` (see `name_runs_apart`).
+    stamp: str = ""
+    run_dir_prefix: str = ""
 
     @property
     def variants_root(self) -> Path:
@@ -137,6 +141,16 @@ class Plan:
             axes.append([f"{k}={x}" for x in vals])
         axes.append([f"seed={s}" for s in self.seeds])
         return [list(combo) + self.base for combo in itertools.product(*axes)]
+
+    def name_runs_apart(self) -> None:
+        """Give this launch's run directories a prefix of their own, `added-<stamp>_<job num>_<run name>`.
+
+        For a launch that adds to a table's runs (--add-seeds, --add-rows): Hydra numbers its jobs from 0
+        again, and a run's name holds only its variant and seed ("0_grpo_s3"), so without the prefix
+        `--add-seeds 3 -- task=partial_sums` would land in the directory of an earlier `--add-seeds 3 --
+        task=basic_arithmetic` launch's run (Hydra rewrites its overrides, the trainer refuses)."""
+        self.run_dir_prefix = f"added-{self.stamp}_"
+        self.command.append(f"hydra.sweep.subdir={self.run_dir_prefix}${{hydra.job.num}}_${{grpo_run_name:}}")
 
     def searchpath_override(self) -> str:
         return f"hydra.searchpath=['file://{self.variants_root.resolve()}']"
@@ -186,7 +200,7 @@ def make_plan(spec: TableSpec, *, smoke: bool = False, scale: str = "lab", extra
             env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     sweep = {k: v for k, v in spec.sweep.items() if not (scale == "full" and k in spec.lab_only_sweep)}
     plan = Plan(spec, smoke, scale, runs_dir, (tables_root / spec.name).resolve(), group, variants, base,
-                seeds, launcher_ov, [], env, warnings, sweep)
+                seeds, launcher_ov, [], env, warnings, sweep, stamp)
     cmd = [sys.executable, "-m", "grpo_lab.train", "-m"]
     if variants:
         cmd += [plan.searchpath_override(), f"+{VARIANT_GROUP}=" + ",".join(v.name for v, _ in variants)]
@@ -230,10 +244,17 @@ def preflight(plan: Plan) -> int:
 
     write_variant_files(plan)
     problems, jobs = [], plan.jobs()
-    for job, cfg in compose_jobs(plan, jobs):
+    for num, (job, cfg) in enumerate(compose_jobs(plan, jobs)):
         try:
             if isinstance(cfg, Exception):
                 raise cfg
+            # Where Hydra will put it (conf/config.yaml's hydra.sweep.subdir, or the plan's own): an
+            # earlier run there would be overwritten in part and refused by the trainer.
+            run_dir = plan.runs_dir / f"{plan.run_dir_prefix}{num}_{cfg.run_name}"
+            if run_dir.exists():
+                raise TableSpecError(f"its run directory {run_dir} already exists (an earlier launch's run); "
+                                     "move it away or add these runs in a launch of their own (--add-seeds, "
+                                     "--add-rows name their directories apart)")
             # The values, not this machine: a full-scale table's jobs run on GPU machines (or Slurm
             # nodes); each job's own entry point checks the machine it lands on.
             validate(cfg, machine=False)
