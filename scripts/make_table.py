@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     rc, wall_s = run_table(plan, n_jobs, header, launch_notes)
     if previous is not None:
         meta = plan.runs_dir / "table_meta.json"
-        merged = merge_added_launch(previous, json.loads(meta.read_text()), invocation, added_what)
+        merged = merge_added_launch(previous, json.loads(meta.read_text()), invocation, added_what,
+                                    inherited=plan.warnings)
         meta.write_text(json.dumps(merged, indent=2))
         header = {k: merged[k] for k in ("command", "machine", "date")}
         launch_notes = merged["launch_notes"]

@@ -91,6 +91,33 @@ def test_sft_controls_run_as_many_at_once_as_the_rl_jobs(tmp_path, monkeypatch):
     assert (plan.runs_dir / "sft_control" / "0_sft_control_gcd_s0" / "summary.json").exists()
 
 
+def test_sft_only_runs_each_blocks_own_seeds_at_the_budget_of_its_timed_runs(tmp_path, monkeypatch):
+    """--sft-only (only_missing): a block gets controls for the seeds its matched rows ran (gcd 0-2 next to
+    basic_arithmetic 0-4; it once gave gcd controls for 3 and 4 too), a block without runs gets neither
+    controls nor a note, and the note names the seeds whose step times set the budget (a run restored
+    from the record has none)."""
+    from grpo_lab.tables import launch
+
+    started = []
+    monkeypatch.setattr(launch, "run_logged", lambda cmd, log, env: started.append(
+        (Path(cmd[cmd.index("--run-dir") + 1]).name, float(cmd[cmd.index("--wall-time") + 1]))) or 0)
+    plan = make_plan(load_spec("tasks"), runs_root=tmp_path)
+    for task, seeds in (("gcd", range(3)), ("basic_arithmetic", range(5))):
+        for seed in seeds:
+            _fake_run(plan.runs_dir / f"{task}_grpo{seed}", "grpo", seed, 0.5, extra=f"- task={task}\n")
+    restored = plan.runs_dir / "basic_arithmetic_grpo4" / "metrics.jsonl"   # as record.restore writes it
+    restored.write_text(json.dumps({"step": 150, "samples": 38400, "eval/accuracy": 0.5}) + "\n")
+    plan.seeds = [0, 1, 2, 3, 4]                      # finish_sft_controls: every seed on disk
+    notes = []
+    launch.sft_controls(plan, tmp_path / "log", notes, only_missing=True)
+    assert sorted(started) == sorted([(f"{i}_sft_control_gcd_s{i}", 0.2) for i in range(3)]
+                                     + [(f"{i}_sft_control_basic_arithmetic_s{i}", 0.2) for i in range(5)])
+    by_task = {n.split("SFT control of task=")[1].split(":")[0]: n for n in notes}
+    assert sorted(by_task) == ["basic_arithmetic", "gcd"]
+    assert "that ran on this machine, seeds 0,1,2)" in by_task["gcd"]
+    assert "that ran on this machine, seeds 0,1,2,3)" in by_task["basic_arithmetic"]
+
+
 @pytest.mark.parametrize("name", TABLES)
 def test_table_spec_loads_and_cites_its_paper(name):
     spec = load_spec(name)
@@ -669,16 +696,19 @@ def test_added_seeds_join_the_same_jobs_and_keep_the_first_launch_as_the_tables_
              "logger.group=table-t-2"]
     assert jobs_but_seeds(first) == jobs_but_seeds(added)      # seeds, wandb group and launcher may differ
     assert jobs_but_seeds(first) != jobs_but_seeds(added + ["trainer.total_steps=10"])  # a changed job may not
+    # The plan's warning about a shared override is in the table once; a failure worded as the first
+    # launch's is this launch's own and stays (it was once dropped as a repeat).
+    warning, failed = "the override x replaces variant a's", "the multirun exited with status 1: ..."
     merged = merge_added_launch(
         {"command": "make_table.py t", "machine": "m", "date": "d0; wall time 5.0 min for 6 jobs",
-         "launch_notes": ["warm-up (9 s)"]},
-        {"seeds": [3], "date": "d1; wall time 2.0 min for 2 jobs", "exit_code": 0, "launch_notes": ["warm-up (9 s)",
-                                                                                                   "job x failed"]},
-        "make_table.py t --add-seeds 3", "seeds 3")
+         "launch_notes": [warning, failed]},
+        {"seeds": [3], "date": "d1; wall time 2.0 min for 2 jobs", "exit_code": 1,
+         "launch_notes": [warning, failed, "job x failed"]},
+        "make_table.py t --add-seeds 3", "seeds 3", inherited=[warning])
     assert merged["command"] == "make_table.py t" and merged["machine"] == "m"
     assert merged["date"] == "d0; wall time 5.0 min for 6 jobs; seeds 3 added d1; wall time 2.0 min for 2 jobs"
-    assert merged["launch_notes"] == ["warm-up (9 s)", "seeds 3 added by `make_table.py t --add-seeds 3` on d1; "
-                                      "wall time 2.0 min for 2 jobs (exit 0)", "job x failed"]
+    assert merged["launch_notes"] == [warning, failed, "seeds 3 added by `make_table.py t --add-seeds 3` on d1; "
+                                      "wall time 2.0 min for 2 jobs (exit 1)", failed, "job x failed"]
     # seeds added on another machine (a later session's): the note says which
     elsewhere = merge_added_launch({"command": "c", "machine": "m", "date": "d0"},
                                    {"date": "d1", "exit_code": 0, "machine": "m2"}, "c --add-seeds 4", "seeds 4")

@@ -135,17 +135,21 @@ def repeated_jobs_problem(earlier: list[list[str]], command: list[str]) -> str |
     return None
 
 
-def merge_added_launch(previous: dict, added: dict, invocation: str, what: str) -> dict:
+def merge_added_launch(previous: dict, added: dict, invocation: str, what: str, inherited: list[str] = ()) -> dict:
     """table_meta.json after `--add-seeds` or `--add-rows` (`what` the launch added, e.g. "seeds 3,4"): the
     first launch's command, machine and date stay the table's; the added launch becomes a launch note
-    with its own date, wall time and exit status, and its date and wall time join the header's date line."""
+    with its own date, wall time and exit status, and its date and wall time join the header's date line.
+    `inherited`: notes the launch repeats from the plan (warnings about the shared `--` overrides), left
+    out when the table already has them; every note of its own stays, even one worded as an earlier
+    launch's (its jobs failed too, or its SFT control was skipped too)."""
     merged = dict(previous)
     # Seeds run on another machine pair only among themselves (every row of a seed is in one launch),
     # but per-run numbers differ across machines (fp32 kernels): the note names the machine.
     where = f" on {added['machine']}" if added.get("machine") and added["machine"] != previous.get("machine") else ""
     note = f"{what} added by `{invocation}` on {added['date']}{where} (exit {added['exit_code']})"
+    repeated = set(previous.get("launch_notes", [])) & set(inherited)
     merged["launch_notes"] = previous.get("launch_notes", []) + [note] + [
-        n for n in added.get("launch_notes", []) if n not in previous.get("launch_notes", [])]
+        n for n in added.get("launch_notes", []) if n not in repeated]
     merged["date"] = f"{previous['date']}; {what} added {added['date']}"
     merged["added_launches"] = previous.get("added_launches", []) + [added]
     return merged
@@ -195,18 +199,24 @@ def prewarm(plan: Plan, log: Path) -> int:
     return run_logged(cmd, log, plan.env)
 
 
-def matched_wall_time(runs: list, variant: str, block: list[str] = ()) -> float | None:
-    """Mean over the variant's completed runs (of `block`, e.g. ["task=gcd"]) of the time spent in RL
-    steps (sum of perf/step_time_s): the compute the SFT control gets. Evaluation and engine start-up
-    are excluded on both sides."""
-    totals = []
-    for r in runs:
-        in_block = all(r.override_map.get(override_key(o)) == o.split("=", 1)[1] for o in block)
-        if r.ok and in_block and r.override_map.get(VARIANT_GROUP) == variant:
-            steps = [row["perf/step_time_s"] for row in r.metrics if row.get("perf/step_time_s") is not None]
-            if steps:
-                totals.append(math.fsum(steps))
-    return math.fsum(totals) / len(totals) if totals else None
+def runs_of(runs: list, variant: str, block: list[str] = ()) -> list:
+    """The runs of `variant` in `block` (e.g. ["task=gcd"]; [] = every run), completed or not."""
+    return [r for r in runs if r.override_map.get(VARIANT_GROUP) == variant
+            and all(r.override_map.get(override_key(o)) == o.split("=", 1)[1] for o in block)]
+
+
+def matched_wall_time(runs: list, variant: str, block: list[str] = ()) -> tuple[float | None, list[int]]:
+    """(mean, seeds): the mean over the variant's completed runs of `block` of the time spent in RL steps
+    (sum of perf/step_time_s), the compute the SFT control gets, and the seeds of the runs it is the mean
+    of. Evaluation and engine start-up are excluded on both sides. A run restored from the table's record
+    has no step times, so runs of this machine set the budget of the controls that run on it."""
+    totals, seeds = [], []
+    for r in runs_of(runs, variant, block):
+        steps = [row["perf/step_time_s"] for row in r.metrics if row.get("perf/step_time_s") is not None]
+        if r.ok and steps:
+            totals.append(math.fsum(steps))
+            seeds.append(r.seed)
+    return (math.fsum(totals) / len(totals) if totals else None), sorted(seeds)
 
 
 def parallel_jobs(plan: Plan) -> int:
@@ -217,13 +227,14 @@ def parallel_jobs(plan: Plan) -> int:
     return 1
 
 
-def sft_control_runs(plan: Plan, block: list[str] = ()) -> list[tuple[int, Path]]:
-    """(seed, run dir) of each seed's SFT control in `block`: the directory on disk when there is one
-    (seeds added later are numbered from 0 again, "0_sft_control_s3"), else where it will go."""
+def sft_control_runs(plan: Plan, block: list[str] = (), seeds: list[int] | None = None) -> list[tuple[int, Path]]:
+    """(seed, run dir) of each seed's SFT control in `block` (seeds: the plan's unless given): the
+    directory on disk when there is one (seeds added later are numbered from 0 again,
+    "0_sft_control_s3"), else where it will go."""
     tag = "".join(f"_{o.split('=', 1)[1]}" for o in block)
     root = plan.runs_dir / "sft_control"
     out = []
-    for i, seed in enumerate(plan.seeds):
+    for i, seed in enumerate(plan.seeds if seeds is None else seeds):
         found = sorted(root.glob(f"*_sft_control{tag}_s{seed}"))
         out.append((seed, found[0] if found else root / f"{i}_sft_control{tag}_s{seed}"))
     return out
@@ -237,7 +248,7 @@ def completed(run_dir: Path) -> bool:
 
 
 def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] = (),
-                     only_missing: bool = False) -> dict[int, int]:
+                     only_missing: bool = False, seeds: list[int] | None = None) -> dict[int, int]:
     """One SFT control per seed, as many at once as the RL jobs ran (same threads per process: the
     plan's OMP_NUM_THREADS), each trained for `wall_time` seconds. only_missing: just the seeds without
     a completed control; a stopped one's directory is moved to outputs/.../_archive first (nothing is
@@ -254,7 +265,7 @@ def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] =
         if not override_key(o).startswith("hydra"):
             ov = parser.parse_override(o)
             base.append(f"{ov.get_key_element()}={ov.get_value_element_as_str()}")
-    runs = [(seed, d) for seed, d in sft_control_runs(plan, block) if not (only_missing and completed(d))]
+    runs = [(seed, d) for seed, d in sft_control_runs(plan, block, seeds) if not (only_missing and completed(d))]
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     cmds = []
     for seed, run_dir in runs:
@@ -271,24 +282,36 @@ def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] =
 
 
 def sft_controls(plan: Plan, log: Path, launch_notes: list[str], only_missing: bool = False) -> None:
-    """The SFT control of every block, trained for the mean RL step time of the block's matched runs;
-    what ran (or why not) goes into `launch_notes`."""
+    """The SFT control of every block for the plan's seeds (only_missing: for the seeds of the block's
+    matched runs, those without a completed control), trained for the mean RL step time of the block's
+    matched runs; what ran (or why not) goes into `launch_notes`."""
     from grpo_lab.report import NoRunsFound, load_runs
 
     spec = plan.spec
-    for block in plan.blocks() if spec.sft_control else []:
+    if spec.sft_control is None:
+        return
+    match = spec.sft_control.match
+    try:
+        runs = load_runs([plan.runs_dir])
+    except NoRunsFound:
+        runs = []
+    for block in plan.blocks():
         where = f" of {' '.join(block)}" if block else ""
-        try:
-            wall = matched_wall_time(load_runs([plan.runs_dir]), spec.sft_control.match, block)
-        except NoRunsFound:
-            wall = None
-        how = f"mean summed RL step time of the completed `{spec.sft_control.match}` runs{where}"
+        # --sft-only: each block's own seeds (the tasks table's basic_arithmetic has 0-4, the others 0-2),
+        # not every seed on disk, or a block would get controls for seeds none of its rows ran.
+        seeds = sorted({r.seed for r in runs_of(runs, match, block)}) if only_missing else None
+        if only_missing and all(completed(d) for _, d in sft_control_runs(plan, block, seeds)):
+            continue   # every control of this block is there
+        wall, timed = matched_wall_time(runs, match, block)
+        how = (f"mean summed RL step time of the completed `{match}` runs{where} that ran on this machine, "
+               f"seeds {','.join(map(str, timed))}")
         if spec.sft_control.wall_time_s is not None:
             wall, how = spec.sft_control.wall_time_s, "sft_control.wall_time_s in the table yaml"
         if wall is None:
-            launch_notes.append(f"SFT control{where} skipped: no completed `{spec.sft_control.match}` run to match.")
+            launch_notes.append(f"SFT control{where} skipped: no completed `{match}` run with step times to match "
+                                "(runs restored from the table's record carry none; run the block's seeds here first).")
             continue
-        codes = run_sft_controls(plan, log, wall, block, only_missing=only_missing)
+        codes = run_sft_controls(plan, log, wall, block, only_missing=only_missing, seeds=seeds)
         if codes or not only_missing:
             launch_notes.append(f"SFT control{where}: {wall:.1f} s of training per seed ({how}); exit codes "
                                 + ", ".join(f"seed {s}: {c}" for s, c in codes.items()) + ".")
