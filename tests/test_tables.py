@@ -500,6 +500,25 @@ def test_the_readme_lists_exactly_what_the_committed_tables_say():
     assert readme.main(["--check"]) == 0, "README.md's tables block is stale: run `make readme-tables`"
 
 
+def test_a_readme_row_puts_each_blocks_finding_under_its_own_name(tmp_path):
+    """A block with no completed run has no "Best mean" line; the findings of the blocks after it once
+    moved up one block each in the README (matched by position, not by block)."""
+    from grpo_lab.tables import readme
+
+    spec = load_spec(write_spec(tmp_path, BLOCKS_SPEC))
+    plan = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    for variant, values in {"grpo": (.70, .72, .71), "dapo": (.80, .81, .82)}.items():
+        for seed, acc in enumerate(values):
+            _fake_run(plan.runs_dir / f"chain_sum_{variant}{seed}", variant, seed, None, status="failed",
+                      extra="- task=chain_sum\n")
+            _fake_run(plan.runs_dir / f"gcd_{variant}{seed}", variant, seed, acc, extra="- task=gcd\n")
+    result = build(plan, header_extra={"command": "test"}, launch_notes=[])
+    assert list(result["findings"]["blocks"]) == ["task=chain_sum", "task=gcd"]    # the one without runs first
+    assert result["md"].read_text().count("Best mean final accuracy") == 1
+    row = readme.table_row(result["md"])
+    assert "*task=gcd*: Best mean final accuracy: **dapo**" in row and "*task=chain_sum*: Best" not in row
+
+
 def test_readme_rows_come_from_the_table_files(tmp_path):
     from grpo_lab.tables import readme
 

@@ -45,20 +45,27 @@ def table_row(md: Path) -> str | None:
     command = re.search(r"\*\*Command:\*\* `([^`]*)`", text)
     date = re.search(r"^- \*\*Date:\*\*(.*)$", text, re.MULTILINE)
     walls = [float(w) for w in re.findall(r"wall time ([\d.]+) min", date.group(1))] if date else []
-    bests = re.findall(r"^(Best mean final accuracy.*?)$", text, re.MULTILINE)
+    # Each block's section of the table, from its `*task=gcd*` line to the next block's (one block: all of
+    # it): a block with no completed run has no "Best mean" line, so the lines are found per section.
+    starts = sorted((text.find(f"\n*{name}*\n"), name) for name in blocks if name)
+    sections = {name: text[start:end] for (start, name), (end, _) in zip(starts, starts[1:] + [(len(text), "")])}
+
+    def best(name: str) -> str | None:
+        found = re.search(r"^(Best mean final accuracy.*?)$", sections.get(name, text), re.MULTILINE)
+        return found.group(1) if found else None
 
     def lead(name: str) -> str:
         return f"*{name}*: " if name else ""
 
     means, widths, finding = [], [], []
-    for i, (name, block) in enumerate(blocks.items()):
+    for name, block in blocks.items():
         means.append(lead(name) + ", ".join(f"{_short(row, name)} {100 * acc:.1f}"
                                             for row, acc in block.get("rows", {}).items()))
         half, needed = block.get("max_diff_half_width"), block.get("seeds_for_target_half_width")
         if half is not None:
             widths.append(lead(name) + f"{100 * half:.1f} pp ({block.get('seeds_run', '?')} seeds; {needed} for ±2.5)")
-        if i < len(bests):
-            finding.append(lead(name) + bests[i])
+        if best(name):
+            finding.append(lead(name) + best(name))
     wall = (f"{sum(walls):.1f} min" + (f" in {len(walls)} launches" if len(walls) > 1 else "")) if walls else "?"
     return (f"| [{md.stem}](tables/{md.name}) | {title} | `{command.group(1) if command else '?'}` | {wall} | "
             f"{'; '.join(means)} % | {'; '.join(widths) or '–'} | {' '.join(finding)} |")
