@@ -221,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                                "`--` overrides (rows with other overrides go in with --add-rows)")
                 elif taken:
                     problem = f"seed(s) {taken} already have runs of these jobs in {plan.runs_dir}; choose others"
-                added_what = f"seeds {','.join(map(str, plan.seeds))}" + (f" of rows {args.variants}" if args.variants else "")
+                # The header's date line says which block got them (the tasks table adds seeds one task at a time).
+                added_what = (f"seeds {','.join(map(str, plan.seeds))}" + (f" of rows {args.variants}" if args.variants else "")
+                              + (f" of {' '.join(plan.pinned_block)}" if plan.pinned_block else ""))
             else:
                 repeated = repeated_jobs_problem(earlier, plan.command)
                 if repeated:

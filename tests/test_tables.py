@@ -608,6 +608,8 @@ def test_a_launch_that_pins_a_block_key_keeps_the_blocks_apart(tmp_path):
     plan = make_plan(spec, extra=["task=gcd"], runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
     assert "task=gcd" in plan.base
     assert plan.blocks() == [["task=gcd"]]            # this launch's SFT controls: gcd's only
+    assert plan.pinned_block == ["task=gcd"]          # named in the header's "seeds 3 of task=gcd added"
+    assert make_plan(spec, runs_root=tmp_path / "runs").pinned_block == []
     accs = {("gcd", "grpo"): (.20, .22, .24, .21), ("gcd", "dapo"): (.30, .31, .35, .31),
             ("chain_sum", "grpo"): (.70, .72, .71), ("chain_sum", "dapo"): (.70, .71, .72)}
     for (task, variant), values in accs.items():

@@ -116,6 +116,12 @@ class Plan:
         recipe fixes it, one block)."""
         return [k for k in self.spec.within if k in self.sweep]
 
+    @property
+    def pinned_block(self) -> list[str]:
+        """The block-key overrides an extra override pins (["task=partial_sums"] for `-- task=partial_sums`), or []."""
+        keys = set(self.block_keys)
+        return [o for o in self.base if override_key(o) in keys]
+
     def blocks(self) -> list[list[str]]:
         """The overrides of each block this launch runs, read off its jobs (e.g. [["task=gcd"], ["task=chain_sum"]],
         or [["task=gcd"]] when an extra override pins task=gcd); [[]] = one block."""
