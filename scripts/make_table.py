@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         if archived:
             print(f"[make_table] moved the previous runs of {spec.name} to {archived}", file=sys.stderr)
     try:
-        n_jobs = preflight(plan)
+        n_jobs = preflight(plan, earlier_runs_move=previous is None)   # a first launch archives them
     except TableSpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -639,6 +639,12 @@ def test_an_added_launch_runs_in_directories_of_its_own(tmp_path):
     with pytest.raises(TableSpecError, match=r"job `\+variant=grpo seed=3`: TableSpecError: its run directory "
                                              r"\S*/0_grpo_s3 already exists"):
         preflight(plan)
+    # a first launch moves the earlier runs away (archive_previous), so its --dry-run is not stopped by them
+    assert preflight(plan, earlier_runs_move=True) == 2
+    proc = subprocess.run([sys.executable, "scripts/make_table.py", str(spec.path), "--runs-root", str(runs),
+                           "--dry-run", "--", "task=chain_sum"], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode == 0 and "6 jobs validated" in proc.stderr, proc.stderr
     plan.name_runs_apart()
     assert preflight(plan) == 2
     gcd_overrides = (plan.runs_dir / "0_grpo_s3" / ".hydra" / "overrides.yaml").read_text()

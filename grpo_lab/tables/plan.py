@@ -244,8 +244,10 @@ def compose_jobs(plan: Plan, jobs: list[list[str]]):
                 yield job, e
 
 
-def preflight(plan: Plan) -> int:
-    """Compose and validate every job; raise TableSpecError naming each bad job and its errors."""
+def preflight(plan: Plan, earlier_runs_move: bool = False) -> int:
+    """Compose and validate every job; raise TableSpecError naming each bad job and its errors.
+    earlier_runs_move: the launch moves the table's earlier runs away before it starts (a first launch,
+    archive_previous; also its --dry-run), so their directories are no obstacle."""
     from grpo_lab.config import validate
 
     write_variant_files(plan)
@@ -257,7 +259,7 @@ def preflight(plan: Plan) -> int:
             # Where Hydra will put it (conf/config.yaml's hydra.sweep.subdir, or the plan's own): an
             # earlier run there would be overwritten in part and refused by the trainer.
             run_dir = plan.runs_dir / f"{plan.run_dir_prefix}{num}_{cfg.run_name}"
-            if run_dir.exists():
+            if run_dir.exists() and not earlier_runs_move:
                 raise TableSpecError(f"its run directory {run_dir} already exists (an earlier launch's run); "
                                      "move it away or add these runs in a launch of their own (--add-seeds, "
                                      "--add-rows name their directories apart)")
