@@ -35,8 +35,11 @@ Not supported with fsdp2 (validated): LoRA adapters and the PPO critic.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import logging
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -84,6 +87,28 @@ def init() -> None:
     else:
         backend = "gloo"
     dist.init_process_group(backend=backend, timeout=INIT_TIMEOUT)
+
+
+def end_process(code: int = 0):
+    """Leave a torchrun rank that finished its work, skipping interpreter finalization (never returns).
+
+    Why: gloo runs every collective on its own worker threads, and a worker drops its reference to a
+    finished collective (and so to the tensors it moved) some time after `wait()` has returned in the
+    main thread; dropping a tensor that Python has seen takes the GIL. If the main thread has begun
+    finalizing by then, the worker's `take_gil` calls `pthread_exit`, whose forced unwind through a
+    noexcept destructor calls std::terminate: SIGABRT ("terminate called without an active exception")
+    after a run that completed, so torchrun reports it failed (about 1 in 10 two-rank CPU runs here; a
+    core dump showed the worker in ~AsyncBroadcastWork -> gil_scoped_acquire -> PyThread_exit_thread;
+    pytorch/pytorch PR 179291 describes the same race). gloo has no way to wait for its workers to let
+    go, so the process does what finalization would (atexit handlers: engines, judges, wandb; logging
+    and stdio flushed) and exits without it."""
+    if active():
+        dist.destroy_process_group()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 # ---------------------------------------------------------------------------------------- sharding
