@@ -316,11 +316,11 @@ def main() -> None:
     """Entry point: register the config schema and resolver explicitly, then let Hydra run."""
     if distributed.is_follower():   # torchrun rank > 0: serves rank 0's learner calls, nothing else
         distributed.follow()
-        distributed.end_process(0)
+        distributed.end_process()
     register_configs()
     run()
     if distributed.launched_distributed():   # a torchrun rank 0 that completed; see end_process for why
-        distributed.end_process(0)
+        distributed.end_process()
 
 
 if __name__ == "__main__":

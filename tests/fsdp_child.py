@@ -55,4 +55,4 @@ if distributed.rank() == 0:
                 "state": state, "world_size": distributed.world_size()}, out / "fsdp.pt")
 else:
     assert sgd == {} and adam == {} and skipped == {} and shared == {}, "only rank 0 receives the full state dict"
-distributed.end_process(0)   # not a plain exit: see end_process
+distributed.end_process()   # not a plain exit: see end_process
