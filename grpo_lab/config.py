@@ -266,7 +266,7 @@ class RolloutConfig:
     generate_timeout_s: Optional[float] = 600.0
     # vLLM: seconds one weight push into the engine may take before the run fails (null = no limit).
     sync_timeout_s: Optional[float] = 300.0
-    # vLLM weight push: auto | cpu (shared-memory buckets) | cuda_ipc (same GPU) | nccl (own GPUs) | pickle (old, bench baseline).
+    # vLLM weight push: auto | cpu (shared-memory buckets) | cuda_ipc (engine on the learner's GPU only) | nccl (engine on other GPUs) | pickle (old, bench baseline).
     sync_transport: str = "auto"
     # vLLM weight push: size of one flattened bucket in MiB (bounds the transient copy; a layer is never split).
     sync_bucket_mb: float = 256.0

@@ -22,7 +22,10 @@ UA, UB = "GPU-aaaa", "GPU-bbbb"
     (False, "cuda", UA, [], "cpu"),                 # CPU engine, CUDA learner: host path
     (True, "cuda", UA, [UA], "cuda_ipc"),           # same GPU: CUDA IPC
     (True, "cuda", UA, [UB], "nccl"),               # engine on its own GPU(s): NCCL group
-    (True, "cuda", UA, [UB, UA], "cuda_ipc"),       # learner's GPU among the engine's (TP=2)
+    (True, "cuda", UA, [UA, UA], "cuda_ipc"),       # TP=2 ranks both on the learner's GPU
+    # TP=2 over the learner's GPU and another: IPC handles open only on their own GPU and NCCL
+    # refuses two ranks on one GPU, so the host path.
+    (True, "cuda", UA, [UB, UA], "cpu"),
 ])
 def test_auto_picks_the_transport_from_where_the_weights_live(engine_cuda, learner, learner_uuid, workers, want):
     assert choose_transport("auto", engine_on_cuda=engine_cuda, learner_device=learner,
@@ -34,12 +37,16 @@ def test_explicit_choices_are_kept_or_refused_with_the_fix():
                             worker_gpu_uuids=[UA]) == "cpu"
     assert choose_transport("pickle", engine_on_cuda=False, learner_device="cpu") == "pickle"
     assert choose_transport("nccl", engine_on_cuda=True, learner_device="cuda", learner_gpu_uuid=UA,
-                            worker_gpu_uuids=[UA]) == "nccl"
+                            worker_gpu_uuids=[UB]) == "nccl"
+    with pytest.raises(ValueError, match="GPUs other than the learner's.*two ranks on one GPU"):
+        choose_transport("nccl", engine_on_cuda=True, learner_device="cuda", learner_gpu_uuid=UA,
+                         worker_gpu_uuids=[UA])
     with pytest.raises(ValueError, match="needs the learner and the vLLM engine on CUDA.*auto or cpu"):
         choose_transport("nccl", engine_on_cuda=False, learner_device="cpu")
-    with pytest.raises(ValueError, match="one of the engine's GPUs.*nccl"):
-        choose_transport("cuda_ipc", engine_on_cuda=True, learner_device="cuda", learner_gpu_uuid=UA,
-                         worker_gpu_uuids=[UB])
+    for workers in ([UB], [UA, UB]):   # the worker on UB could not open a handle to UA's memory
+        with pytest.raises(ValueError, match="every engine GPU to be the learner's GPU.*nccl"):
+            choose_transport("cuda_ipc", engine_on_cuda=True, learner_device="cuda", learner_gpu_uuid=UA,
+                             worker_gpu_uuids=workers)
     with pytest.raises(ValueError, match="not one of"):
         choose_transport("shm", engine_on_cuda=False, learner_device="cpu")
 

@@ -18,8 +18,10 @@ The loop calls one ``engine.load_weights(named_tensors)``; the transport is conf
   into a GPU buffer and reload from it.
 * ``pickle`` — the previous protocol, kept as the benchmark's baseline: every tensor copied,
   pickled and sent through ``collective_rpc`` in one call to the worker's ``reload_weights``.
-* ``auto`` — ``cpu`` unless learner and engine are both on CUDA; then ``cuda_ipc`` when the
-  learner's GPU is one of the engine workers' GPUs, else ``nccl`` (:func:`choose_transport`).
+* ``auto`` — ``cpu`` unless learner and engine are both on CUDA; then ``cuda_ipc`` when every
+  engine worker is on the learner's GPU, ``nccl`` when none is, and ``cpu`` (host staging) for a
+  tensor-parallel engine that shares only some of its GPUs with the learner, where neither CUDA
+  path can work (:func:`choose_transport`).
 
 Only what changed travels (``rollout.sync_changed_only``): a tensor is resent when its storage
 (``data_ptr``), shape, dtype or autograd version counter (``_version``, bumped by every in-place
@@ -78,20 +80,34 @@ def choose_transport(requested: str, *, engine_on_cuda: bool, learner_device: st
     if requested not in TRANSPORTS:
         raise ValueError(f"rollout.sync_transport={requested!r} is not one of {', '.join(TRANSPORTS)}")
     workers = {str(u) for u in worker_gpu_uuids}
-    colocated = learner_gpu_uuid is not None and str(learner_gpu_uuid) in workers
+    learner = str(learner_gpu_uuid) if learner_gpu_uuid is not None else None
+    # CUDA IPC opens a handle on the GPU that holds the memory, so every worker must be on the
+    # learner's GPU (vLLM's rlhf_colocate.py: one learner rank per engine GPU, each handing its own
+    # GPU's handle). NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU
+    # detected"), so the learner's GPU must be none of the workers'. A tensor-parallel engine that
+    # shares only some of its GPUs with the learner gets neither: the host path works everywhere.
+    all_on_learner_gpu = learner is not None and workers == {learner}
+    shares_learner_gpu = learner is not None and learner in workers
     both_cuda = engine_on_cuda and learner_device == "cuda"
     if requested == "auto":
         if not both_cuda:
             return "cpu"
-        return "cuda_ipc" if colocated else "nccl"
+        if all_on_learner_gpu:
+            return "cuda_ipc"
+        return "cpu" if shares_learner_gpu else "nccl"
     if requested in ("cuda_ipc", "nccl") and not both_cuda:
         raise ValueError(f"rollout.sync_transport={requested} needs the learner and the vLLM engine on CUDA "
                          f"(learner on {learner_device}, engine on {'cuda' if engine_on_cuda else 'cpu'}); "
                          "set rollout.sync_transport=auto or cpu")
-    if requested == "cuda_ipc" and not colocated:
-        raise ValueError("rollout.sync_transport=cuda_ipc needs the learner's GPU to be one of the engine's "
-                         "GPUs (CUDA IPC shares memory on one device); set rollout.sync_transport=nccl "
-                         "(engine on its own GPUs) or auto")
+    if requested == "cuda_ipc" and not all_on_learner_gpu:
+        raise ValueError("rollout.sync_transport=cuda_ipc needs every engine GPU to be the learner's GPU (a CUDA "
+                         f"IPC handle opens on the GPU that holds the memory; the engine's workers are on "
+                         f"{len(workers)} GPU(s)); set rollout.sync_transport=nccl (engine on GPUs of its own), "
+                         "cpu, or auto")
+    if requested == "nccl" and shares_learner_gpu:
+        raise ValueError("rollout.sync_transport=nccl needs the engine on GPUs other than the learner's (NCCL "
+                         "refuses two ranks on one GPU); set rollout.sync_transport=cuda_ipc (engine on the "
+                         "learner's GPU only), cpu, or auto")
     return requested
 
 
