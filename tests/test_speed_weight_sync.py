@@ -90,6 +90,24 @@ def test_change_tracker_sends_everything_first_then_only_changed_whole_layers():
     assert [n for n, _ in tr.changed(named)] == ["model.norm.weight"]
 
 
+def test_change_tracker_resends_fresh_tensors_that_reuse_a_freed_address():
+    """Tensors made afresh for every push (LoRA's merged W + BA, FSDP2's gathered state dict) are freed
+    after it; the next push's tensors of the same sizes usually get their addresses, at version 0 again.
+    They are changes, and the tracker must say so (it once compared pointer and version only, and an
+    engine fed that way kept weights several steps old without any error)."""
+    base = torch.randn(64, 64)
+    tr = ChangeTracker()
+    addresses = []
+    for step in range(4):
+        named = [("model.layers.0.mlp.down_proj.weight", base + step)]   # a new tensor each push
+        addresses.append(named[0][1].data_ptr())
+        assert [n for n, _ in tr.changed(named)] == ["model.layers.0.mlp.down_proj.weight"], step
+        tr.commit(named)
+        del named
+    # The case is real here: at least one push found its predecessor's freed address.
+    assert len(set(addresses)) < len(addresses)
+
+
 # --------------------------------------------------------------------------------- buckets
 
 def test_buckets_round_trip_bit_exactly_and_never_split_a_layer():

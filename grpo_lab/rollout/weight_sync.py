@@ -24,8 +24,8 @@ The loop calls one ``engine.load_weights(named_tensors)``; the transport is conf
   path can work (:func:`choose_transport`).
 
 Only what changed travels (``rollout.sync_changed_only``): a tensor is resent when its storage
-(``data_ptr``), shape, dtype or autograd version counter (``_version``, bumped by every in-place
-op such as the optimizer's ``add_``) differs from the last push. Caveat: writes through
+(the same live storage object, ``data_ptr``), shape, dtype or autograd version counter (``_version``,
+bumped by every in-place op such as the optimizer's ``add_``) differs from the last push. Caveat: writes through
 ``param.data`` do not bump the counter; code that does that must turn this off. vLLM reloads a
 *fused* layer (``qkv_proj`` = q/k/v, ``gate_up_proj`` = gate/up, with biases) only as a whole —
 a partly loaded one is processed with uninitialised slices (``reload/layerwise.py``: "Delayed
@@ -53,6 +53,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -130,21 +131,34 @@ def _signature(t: torch.Tensor) -> tuple:
 class ChangeTracker:
     """Which of the named tensors changed since the last push (module docstring), whole vLLM layers.
 
-    Cheap: no tensor data is read, only storage pointer, version counter, shape, dtype and device.
+    Cheap: no tensor data is read, only storage identity, pointer, version counter, shape, dtype and
+    device. A tensor counts as unchanged only while the very storage it was pushed from is still alive
+    (a weak reference to it, so the tracker holds no memory): tensors made afresh for each push (LoRA's
+    merged W + BA, FSDP2's gathered full state dict, copies out of Ray's object store) are freed after
+    the push, and the allocator hands their addresses, at version 0, to the next push's tensors of the
+    same sizes, which pointer and version alone would take for the old, unchanged ones (seen here: all
+    7 of 7 such tensors at their predecessors' addresses on the third push).
     """
 
     def __init__(self, packed: dict[str, list[str]] | None = None):
         self.packed = packed
-        self._seen: dict[str, tuple] = {}
+        self._seen: dict[str, tuple[tuple, weakref.ref]] = {}
+
+    def _unchanged(self, name: str, t: torch.Tensor) -> bool:
+        seen = self._seen.get(name)
+        if seen is None:
+            return False
+        signature, storage = seen
+        return storage() is t.untyped_storage() and signature == _signature(t)
 
     def changed(self, named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        dirty = {layer_key(n, self.packed) for n, t in named if self._seen.get(n) != _signature(t)}
+        dirty = {layer_key(n, self.packed) for n, t in named if not self._unchanged(n, t)}
         return [(n, t) for n, t in named if layer_key(n, self.packed) in dirty]
 
     def commit(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Record what the engine now holds (called after a successful push only)."""
         for n, t in named:
-            self._seen[n] = _signature(t)
+            self._seen[n] = (_signature(t), weakref.ref(t.untyped_storage()))
 
     def reset(self) -> None:
         self._seen.clear()
@@ -260,16 +274,6 @@ def worker_finish(worker, *, tied_changed: bool = True) -> None:
             fn()
 
 
-def _shm_map(worker, path: str, nbytes: int) -> torch.Tensor:
-    """The worker's mapping of the sender's shared-memory file, opened once and kept (the sender
-    unlinks the file after the first push, so it never outlives the two processes)."""
-    maps = worker.__dict__.setdefault("_grpo_lab_shm", {})
-    if path not in maps:
-        maps.clear()  # a new (larger) file replaces the old mapping
-        maps[path] = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
-    return maps[path]
-
-
 def worker_load(worker, payload: dict) -> None:
     """Load one bucket: views of its buffer into the model's (layerwise-wrapped) loaders; the first
     bucket of a push opens the layerwise reload ("begin"), the last one closes it ("finish")."""
@@ -282,30 +286,50 @@ def worker_load(worker, payload: dict) -> None:
             worker_finish(worker, tied_changed=payload.get("tied_changed", True))
 
 
-def _load_bucket(worker, payload: dict) -> None:
-    metas = [TensorMeta(*m) for m in payload["metas"]]
+def open_bucket(payload: dict, *, device: torch.device, shm_maps: dict | None = None,
+                nccl=None) -> torch.Tensor:
+    """The flat uint8 buffer one bucket payload names, as the receiving process sees it: a mapping of
+    the sender's shared-memory file (opened once and kept in `shm_maps`: the sender unlinks the file
+    after the first push, so it never outlives the two processes), the pickled buffer itself, the sender's GPU
+    buffer opened through its CUDA IPC handle on `device`, or a buffer on `device` that the NCCL
+    broadcast from the sender fills (`nccl`: the receiver's communicator)."""
     kind = payload["kind"]
     if kind == "shm":
-        buf = _shm_map(worker, payload["path"], payload["file_bytes"])
-    elif kind == "inline":
-        buf = payload["buffer"]
-    elif kind == "cuda_ipc":
+        path, nbytes = payload["path"], payload["file_bytes"]
+        maps = shm_maps if shm_maps is not None else {}
+        if path not in maps:
+            maps.clear()  # a new (larger) file replaces the old mapping
+            maps[path] = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        return maps[path]
+    if kind == "inline":
+        return payload["buffer"]
+    if kind == "cuda_ipc":
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-        uid = str(torch.cuda.get_device_properties(worker.device).uuid)
+        uid = str(torch.cuda.get_device_properties(device).uuid)
         args = list(payload["handles"][uid])
-        args[6] = worker.device.index  # index 6 of reduce_tensor's args is the device index (vLLM's IPC engine)
-        buf = rebuild_cuda_tensor(*args)
-    elif kind == "nccl":
-        buf = torch.empty(payload["nbytes"], dtype=torch.uint8, device=worker.device)
-        worker._grpo_lab_nccl.broadcast(buf, src=0, stream=torch.cuda.current_stream())
+        # Index 6 of reduce_tensor's args is the device index in the *sender's* numbering; the
+        # receiver may see the same GPU under another index (its own CUDA_VISIBLE_DEVICES), so it
+        # names its own (vLLM's rlhf_colocate.py / IPC weight-transfer engine do the same).
+        args[6] = device.index
+        return rebuild_cuda_tensor(*args)
+    if kind == "nccl":
+        buf = torch.empty(payload["nbytes"], dtype=torch.uint8, device=device)
+        nccl.broadcast(buf, src=0, stream=torch.cuda.current_stream())
         torch.cuda.current_stream().synchronize()
-    else:
-        raise ValueError(f"unknown weight-sync payload {kind!r}")
+        return buf
+    raise ValueError(f"unknown weight-sync payload {kind!r}")
+
+
+def _load_bucket(worker, payload: dict) -> None:
+    metas = [TensorMeta(*m) for m in payload["metas"]]
+    buf = open_bucket(payload, device=getattr(worker, "device", torch.device("cpu")),
+                      shm_maps=worker.__dict__.setdefault("_grpo_lab_shm", {}),
+                      nccl=getattr(worker, "_grpo_lab_nccl", None))
     model = _model(worker)
     model.load_weights(unpack_bucket(buf, metas))
     _own_pending_views(model, buf)
-    if kind in ("cuda_ipc", "nccl"):
+    if payload["kind"] in ("cuda_ipc", "nccl"):
         del buf
         torch.cuda.synchronize()
 
