@@ -129,6 +129,23 @@ def test_machine_checks_are_separate_from_value_checks():
             validate(cfg)
 
 
+def test_fsdp2_on_cuda_needs_a_gpu_per_rank(monkeypatch):
+    """NCCL refuses two ranks of one group on one GPU: 2 torchrun ranks on a machine with 1 GPU fail
+    validation, naming NPROC, before any model loads (the machine's GPUs are faked: none here)."""
+    import torch
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    cfg = make(["learner.device=cuda", "learner.strategy=fsdp2", "rollout=hf"])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"a GPU per torchrun rank: 2 ranks on this machine but 1 GPU\(s\); lower NPROC"):
+        validate(cfg)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    validate(cfg)
+
+
 def test_the_smollm2_recipe_composes_validates_and_fits_this_machine():
     """experiment=smollm2_chain_sum (make run-smollm2): chat model, question-form chain_sum, vLLM, LoRA, no
     warm-up; its memory plan fits this machine (validate includes the plan's verdict)."""

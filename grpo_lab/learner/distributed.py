@@ -28,8 +28,9 @@ Who does what:
   on rank 0, nothing on the others. Checkpoints: `torch.distributed.checkpoint` (DCP) of the sharded
   model and optimizer, which loads on any world size, a single process included (no process group).
 
-CPU uses gloo; CUDA uses NCCL with one GPU per local rank (`LOCAL_RANK`). Only gloo on CPU has run in
-this repository; the NCCL path is written to the torch documentation and untested here.
+CPU uses gloo; on a GPU machine the group is "cpu:gloo,cuda:nccl" (CUDA tensors over NCCL, host tensors
+over gloo), one GPU per local rank (`LOCAL_RANK`). Only gloo on CPU has run in this repository; the NCCL
+path is written to the torch documentation and checked by tests/test_gpu.py where a GPU is present.
 Not supported with fsdp2 (validated): LoRA adapters and the PPO critic.
 """
 
@@ -82,9 +83,15 @@ def init() -> None:
         raise RuntimeError("learner.strategy=fsdp2 needs a torchrun launch (RANK/WORLD_SIZE unset): run "
                            "`make run-fsdp NPROC=2 ARGS=...` or `torchrun --nproc_per_node 2 -m grpo_lab.train "
                            "learner.strategy=fsdp2 ...`, or set learner.strategy=single")
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        backend = "nccl"
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available() and local_rank < torch.cuda.device_count():
+        torch.cuda.set_device(local_rank)
+        # One group, a backend per device type: CUDA tensors (FSDP2's all-gathers and reduce-scatters
+        # of a GPU learner) over NCCL, CPU tensors over gloo. The ranks call init() before they know
+        # the config, so a CPU learner on a GPU machine must work too, and object collectives (the
+        # broadcast config and batches, all on the host) then stay on the host instead of a round trip
+        # through the GPU (torch's _get_object_coll_device picks "cpu" when it is among the pairs).
+        backend = "cpu:gloo,cuda:nccl"
     else:
         backend = "gloo"
     dist.init_process_group(backend=backend, timeout=INIT_TIMEOUT)
@@ -134,7 +141,8 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _comm_device() -> torch.device:
-    """Where tensors for collectives live: NCCL only moves CUDA tensors."""
+    """Where the small tensors of our own collectives live: the host whenever gloo is in the group
+    (init's "cpu:gloo,cuda:nccl"); a CUDA tensor only in a NCCL-only group."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
