@@ -43,7 +43,10 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # One state per GPU the saving process saw; a resume may see fewer (an 8-GPU run resumed on one
+        # GPU): restore those it has (set_rng_state_all would index past the last device).
+        for index, gpu_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(gpu_state, index)
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -96,4 +99,6 @@ def resolve(resume: str | None, run_dir: Path) -> Path | None:
 def load(path: Path) -> dict:
     """The trainer state of checkpoint `path` (its policy weights are in `path / "policy"`)."""
     # Our own file: it holds python and numpy RNG states, which weights_only loading refuses.
-    return torch.load(Path(path) / STATE_FILE, weights_only=False)
+    # map_location: tensors saved from GPU state (optimizer moments) load on any machine, a GPU-less one
+    # included; Optimizer.load_state_dict moves them to the parameters' device.
+    return torch.load(Path(path) / STATE_FILE, weights_only=False, map_location="cpu")

@@ -67,14 +67,17 @@ def placement_bundles(cfg: DictConfig, *, cuda: bool, cluster_gpus: float = 0.0)
     """Bundles of the placement group and, per actor, (bundle index, num_cpus, num_gpus).
 
     CPU: one 1-CPU bundle each (the actors take turns in the synchronous loop; each sets its own torch
-    threads). CUDA: the learner gets one GPU, the engine rollout.tensor_parallel_size GPUs (1 when the
-    key is absent); with a single GPU in the cluster both share it in one bundle."""
+    threads). CUDA: the learner gets one GPU, the engine rollout.tensor_parallel_size ×
+    rollout.data_parallel_size GPUs (1 when the keys are absent); with a single GPU in the cluster both
+    share it in one bundle."""
     if not cuda:
         return [{"CPU": 1}, {"CPU": 1}], {"learner": (0, 1, 0), "engine": (1, 1, 0)}
-    tp = int(cfg.rollout.get("tensor_parallel_size", 1) or 1)
+    # Every engine replica (rollout.data_parallel_size) runs tensor_parallel_size ranks, each on a GPU of
+    # its own, all inside the one engine actor (data_parallel.placement_env slices its visible GPUs).
+    gpus = int(cfg.rollout.get("tensor_parallel_size", 1) or 1) * int(cfg.rollout.get("data_parallel_size", 1) or 1)
     if cluster_gpus < 2:
         return [{"CPU": 2, "GPU": 1}], {"learner": (0, 1, 0.5), "engine": (0, 1, 0.5)}
-    return [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": tp}], {"learner": (0, 1, 1), "engine": (1, 1, tp)}
+    return [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": gpus}], {"learner": (0, 1, 1), "engine": (1, 1, gpus)}
 
 
 class LearnerActor:
@@ -99,8 +102,24 @@ class LearnerActor:
         # Returned, not ray.get: the caller gets an ObjectRef to this one stored copy.
         return [(name, t.detach().cpu().contiguous()) for name, t in self.learner.weights_for_sync()]
 
+    def host_state_dict(self) -> dict:
+        """The learner's state_dict with every tensor on the host. Ray pickles a tensor with its device,
+        so CUDA optimizer moments would be rebuilt on the driver's GPU 0, or fail on a driver with no GPU
+        (a head node); `Optimizer.load_state_dict` moves them back to the parameters' device on resume."""
+        return _to_host(self.learner.state_dict())
+
     def device(self) -> str:
         return str(self.learner.device)
+
+
+def _to_host(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj)
+    return obj
 
 
 class EngineActor:
@@ -180,7 +199,7 @@ class RemoteLearner:
         self._call("save", str(path), tokenizer)
 
     def state_dict(self) -> dict:
-        return self._call("state_dict")
+        return self._get(self._actor.host_state_dict.remote())
 
     def load_state(self, policy_dir, state: dict) -> None:
         self._call("load_state", str(policy_dir), state)
@@ -210,7 +229,9 @@ class RemoteEngine:
         try:
             return ray.get(ref, timeout=timeout_s)
         except GetTimeoutError as err:
-            ray.cancel(ref, force=True)
+            # force=True is refused for actor tasks (ray.cancel: "Only force=False is allowed for an
+            # Actor Task"); the run fails here and the session's shutdown ends the actor.
+            ray.cancel(ref)
             raise EngineTimeoutError(f"the Ray engine actor's {what} took longer than {timeout_s:g} s",
                                      phase=what) from err
         except RayActorError as err:

@@ -76,3 +76,7 @@ def test_placement_bundles():
     assert bundles == [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 2}] and where["engine"] == (1, 1, 2)
     bundles, where = placement_bundles(cfg, cuda=True, cluster_gpus=1)   # one GPU: shared, as locally
     assert bundles == [{"CPU": 2, "GPU": 1}] and where["learner"][2] + where["engine"][2] == 1
+    # 2 replicas of a TP=2 engine: 4 GPUs in the engine's bundle (each replica slices its own 2 there).
+    cfg = OmegaConf.create({"rollout": {"tensor_parallel_size": 2, "data_parallel_size": 2}})
+    bundles, where = placement_bundles(cfg, cuda=True, cluster_gpus=8)
+    assert bundles == [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 4}] and where["engine"] == (1, 1, 4)
