@@ -165,6 +165,8 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
     state = checkpoint.load(resume_from) if resume_from else None
     if state:  # before the engine starts, so a bad checkpoint fails cheaply
         learner.load_state(resume_from / "policy", state["learner"])
+    if device.type == "cuda":   # vLLM checks free GPU memory at start; the warm-up's cached blocks would count
+        torch.cuda.empty_cache()
     engine = build_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
     eval_items = task.splits[t.eval_split]
     sampler = objective.make_sampler(cfg, engine, tokenizer, task.splits["train"])

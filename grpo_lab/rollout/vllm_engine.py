@@ -105,6 +105,10 @@ class VLLMEngine:
                 model=str(model_dir), dtype=dtype, enforce_eager=enforce_eager, seed=seed,
                 gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                 tensor_parallel_size=tensor_parallel_size,
+                # vLLM picks its Ray executor whenever it runs inside a Ray placement group (our Ray
+                # backend's engine actor), and that executor refuses bundles of more than one GPU: the
+                # ranks are processes of this engine, on the devices it was given (placement_env).
+                distributed_executor_backend="mp" if tensor_parallel_size > 1 else None,
                 # Logprobs of the distribution actually sampled from (after temperature), which is what
                 # the learner computes as π_old; the default "raw_logprobs" ignores temperature.
                 logprobs_mode="processed_logprobs",

@@ -46,6 +46,7 @@ the real CPU engine (tests/test_vllm_sync.py, tests/test_speed_weight_sync.py).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -277,10 +278,13 @@ def worker_finish(worker, *, tied_changed: bool = True) -> None:
 def worker_load(worker, payload: dict) -> None:
     """Load one bucket: views of its buffer into the model's (layerwise-wrapped) loaders; the first
     bucket of a push opens the layerwise reload ("begin"), the last one closes it ("finish")."""
+    # The buffer first: with NCCL the sender is already blocked in its broadcast, and a worker that
+    # failed before its receive would leave the sender's stream waiting for ever.
+    buf = _open_worker_bucket(worker, payload)
     if payload.get("begin"):
         worker_begin(worker)
     try:
-        _load_bucket(worker, payload)
+        _load_bucket(worker, payload, buf)
     finally:
         if payload.get("finish"):
             worker_finish(worker, tied_changed=payload.get("tied_changed", True))
@@ -321,11 +325,14 @@ def open_bucket(payload: dict, *, device: torch.device, shm_maps: dict | None = 
     raise ValueError(f"unknown weight-sync payload {kind!r}")
 
 
-def _load_bucket(worker, payload: dict) -> None:
+def _open_worker_bucket(worker, payload: dict) -> torch.Tensor:
+    return open_bucket(payload, device=getattr(worker, "device", torch.device("cpu")),
+                       shm_maps=worker.__dict__.setdefault("_grpo_lab_shm", {}),
+                       nccl=getattr(worker, "_grpo_lab_nccl", None))
+
+
+def _load_bucket(worker, payload: dict, buf: torch.Tensor) -> None:
     metas = [TensorMeta(*m) for m in payload["metas"]]
-    buf = open_bucket(payload, device=getattr(worker, "device", torch.device("cpu")),
-                      shm_maps=worker.__dict__.setdefault("_grpo_lab_shm", {}),
-                      nccl=getattr(worker, "_grpo_lab_nccl", None))
     model = _model(worker)
     model.load_weights(unpack_bucket(buf, metas))
     _own_pending_views(model, buf)
@@ -401,6 +408,9 @@ class WeightSync:
         self._unlink_pending = False
         self._gpu_buf: torch.Tensor | None = None
         self._nccl = None
+        # The learner's GPU, read now: CUDA's current device is per host thread, and pushes run in the
+        # engine's call-timeout thread (vllm_engine._call), where it would read device 0.
+        self.gpu = torch.device("cuda", torch.cuda.current_device()) if transport in ("cuda_ipc", "nccl") else None
         self.last: dict = {}
 
     # ------------------------------------------------------------------ public
@@ -415,7 +425,8 @@ class WeightSync:
             self.last = {"tensors": len(send), "bytes": sum(t.numel() * t.element_size() for _, t in send),
                          "buckets": 1 if send else 0}
         else:
-            self.last = self._push_buckets(send)
+            with torch.cuda.device(self.gpu) if self.gpu is not None else contextlib.nullcontext():
+                self.last = self._push_buckets(send)
         if self.tracker is not None:
             self.tracker.commit(named)
         return self.last
@@ -532,7 +543,7 @@ class WeightSync:
         t = threading.Thread(target=join, name="weight-sync-nccl-init", daemon=True)
         t.start()
         pg = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world)
-        self._nccl = PyNcclCommunicator(pg, device=torch.cuda.current_device())
+        self._nccl = PyNcclCommunicator(pg, device=self.gpu)
         t.join()
         if "error" in box:
             raise box["error"]
@@ -564,7 +575,7 @@ class WeightSync:
 
     def _device_buffer(self, nbytes: int) -> torch.Tensor:
         if self._gpu_buf is None or self._gpu_buf.numel() < nbytes:
-            self._gpu_buf = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", torch.cuda.current_device()))
+            self._gpu_buf = torch.empty(nbytes, dtype=torch.uint8, device=self.gpu)
         return self._gpu_buf
 
 
