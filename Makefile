@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-all bench bench-trl-smollm2 bench-sync bench-algorithms clean
+.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-sync bench-algorithms clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ test: venv ## Offline test suite (CPU, well under 20 minutes; excludes tests mar
 
 test-slow: venv ## Only the slow tests (longer end-to-end runs)
 	$(PY) -m pytest -m slow -q $(ARGS)
+
+test-gpu: venv ## Only the GPU tests (tests/test_gpu.py: learner, cuda_ipc push, runs, FSDP2 over NCCL); skipped without CUDA
+	$(PY) -m pytest -m gpu -v $(ARGS)
 
 test-all: venv ## Every test, slow ones included
 	$(PY) -m pytest -q $(ARGS)

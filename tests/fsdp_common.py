@@ -18,10 +18,11 @@ ADAM_SETTINGS = dict(micro_batch_size=4, grad_clip=1.0)
 
 
 def make_learner(model_dir, *, strategy="single", micro_batch_size=4, grad_clip=0.0,
-                 skip_rows_without_gradient=False, shared_prompt_forward=False, **algo):
+                 skip_rows_without_gradient=False, shared_prompt_forward=False, device="cpu", dtype="fp32", **algo):
     algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
     learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
-                                  {"device": "cpu", "micro_batch_size": micro_batch_size, "grad_clip": grad_clip,
+                                  {"device": device, "dtype": dtype, "micro_batch_size": micro_batch_size,
+                                   "grad_clip": grad_clip,
                                    "strategy": strategy, "total_steps": 10,
                                    "skip_rows_without_gradient": skip_rows_without_gradient,
                                    "shared_prompt_forward": shared_prompt_forward})

@@ -26,13 +26,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(args: list[str], timeout: int) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node 2 ...`, one thread per rank, this checkout first on the path."""
+def torchrun(args: list[str], timeout: int, nproc: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node <nproc> ...`, one thread per rank, this checkout first on the path."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
            "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    cmd = [TORCHRUN, "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
+    cmd = [TORCHRUN, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *args]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     return proc
