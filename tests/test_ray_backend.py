@@ -9,6 +9,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from helpers import TASK, read_metrics, run_train
@@ -35,7 +36,8 @@ def test_ray_backend_matches_single_process(tmp_path):
     cache = tmp_path / "cache"
     local = run_train(RUN, tmp_path / "local", cache)
     assert local.returncode == 0, local.stdout[-3000:] + local.stderr[-3000:]
-    remote = run_train([*RUN, "trainer.backend=ray"], tmp_path / "ray", cache)
+    # A checkpoint too: the learner actor's state comes back through Ray (host_state_dict).
+    remote = run_train([*RUN, "trainer.backend=ray", "trainer.checkpoint_every=2"], tmp_path / "ray", cache)
     assert remote.returncode == 0, remote.stdout[-3000:] + remote.stderr[-3000:]
     assert "Started a local Ray instance" in remote.stdout + remote.stderr   # it really ran on Ray
     assert "LearnerActor" in remote.stdout + remote.stderr and "EngineActor" in remote.stdout + remote.stderr
@@ -51,6 +53,35 @@ def test_ray_backend_matches_single_process(tmp_path):
     wa = load_file(str(tmp_path / "local" / "checkpoints" / "final" / "model.safetensors"))
     wb = load_file(str(tmp_path / "ray" / "checkpoints" / "final" / "model.safetensors"))
     assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+    state = torch.load(tmp_path / "ray" / "checkpoints" / "step_2" / "trainer_state.pt", weights_only=False)
+    moments = state["learner"]["optimizer"]["state"]
+    assert moments and all(s["exp_avg"].device.type == "cpu" for s in moments.values())
+
+
+@pytest.mark.skipif(not HAVE_RAY, reason=NO_RAY)
+def test_an_engine_call_past_its_timeout_raises_engine_timeout():
+    """A Ray engine call that outlives rollout.generate_timeout_s fails the run with EngineTimeoutError
+    naming the phase (Ray refuses a forced cancel of an actor task, which once turned this into a
+    ValueError)."""
+    import time
+
+    import ray
+
+    from grpo_lab.ray_backend import RemoteEngine
+    from grpo_lab.rollout.errors import EngineTimeoutError
+
+    @ray.remote
+    class StuckEngine:
+        def generate(self, prompt_ids, **kwargs):
+            time.sleep(60)
+
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        engine = RemoteEngine(StuckEngine.remote(), session=None, generate_timeout_s=1.0, sync_timeout_s=1.0)
+        with pytest.raises(EngineTimeoutError, match="generate took longer than 1 s"):
+            engine.generate([[1, 2]], n=2)
+    finally:
+        ray.shutdown()
 
 
 def test_backend_is_validated():

@@ -19,6 +19,10 @@ ALGO = NS(name="grpo", objective="policy_gradient", policy_loss="clipped_surroga
           dual_clip=None, aggregation="token_mean", epochs=1, minibatches=1, entropy_coef=0.0, tis_cap=None,
           kl=NS(coef=0.0, estimator="k3", placement="loss"), critic=NS(enabled=False))
 LEARNER = NS(device="cpu", lr=3e-2, weight_decay=0.0, grad_clip=0.0, micro_batch_size=16)
+# LoRA on every projection: each push carries merged W + (α/r)·B·A tensors made afresh and freed after
+# it, whose addresses the next push's tensors get (the case a pointer-and-version change filter missed).
+LEARNER_LORA = NS(**vars(LEARNER), lora=NS(rank=4, alpha=8.0, dropout=0.0, target_modules=[
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
 
 
 def logprobs_under(model, rollout, pad_id):
@@ -27,7 +31,7 @@ def logprobs_under(model, rollout, pad_id):
         return token_logprobs(completion_logits(model, batch), batch["completion_ids"]), batch
 
 
-@pytest.mark.parametrize("where", ["this_process", "child_process"])
+@pytest.mark.parametrize("where", ["this_process", "child_process", "this_process_lora"])
 def test_engine_follows_the_learner_after_a_push(tmp_path, where):
     from transformers import AutoTokenizer
 
@@ -36,10 +40,11 @@ def test_engine_follows_the_learner_after_a_push(tmp_path, where):
 
     model_dir = MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet="0123456789+-=", seed=0)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    learner = Learner(model_dir, learner_cfg=LEARNER, algo_cfg=ALGO, temperature=1.0, seed=0, max_completion_len=6)
+    learner = Learner(model_dir, learner_cfg=LEARNER_LORA if where.endswith("lora") else LEARNER, algo_cfg=ALGO,
+                      temperature=1.0, seed=0, max_completion_len=6)
     # child_process: trainer.backend=engine_process (weights through shared memory, a push per update).
-    engine = make_engine(model_dir, ROLLOUT, seed=0) if where == "this_process" else \
-        EngineProcess(model_dir, ROLLOUT, seed=0)
+    engine = EngineProcess(model_dir, ROLLOUT, seed=0) if where == "child_process" else \
+        make_engine(model_dir, ROLLOUT, seed=0)
     try:
         prompts = [encode_prompt(tok, p) for p in ("12+34=", "55-17=", "90-9=", "7+71=")]
         sample = lambda seed: engine.generate(prompts, n=4, temperature=1.0, top_p=1.0,  # noqa: E731
@@ -51,9 +56,10 @@ def test_engine_follows_the_learner_after_a_push(tmp_path, where):
         mask = batch["response_mask"].bool()
         assert (learner_lp - batch["sampler_logprobs"])[mask].abs().max() < 1e-3
 
-        # A real update (random advantages: every sequence gets a gradient), then the push; twice, since
-        # a second push of the same parameter storages is where a changed-only filter can go wrong.
-        for push in (1, 2):
+        # A real update (random advantages: every sequence gets a gradient), then the push; three times,
+        # since later pushes of the same parameter storages (or of fresh tensors at reused addresses) are
+        # where a changed-only filter can go wrong.
+        for push in (1, 2, 3):
             old_policy = copy.deepcopy(learner.policy)
             learner.score(batch)
             batch["advantages"] = torch.randn(len(batch), 1).expand_as(batch["response_mask"]).clone()
