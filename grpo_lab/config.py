@@ -586,8 +586,8 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     if strategy == "fsdp2":
         _check(ln.lora.rank == 0 and not a.critic.enabled, "learner.strategy=fsdp2 supports neither LoRA nor a "
                "critic: set learner.lora.rank=0 and algorithm.critic.enabled=false, or learner.strategy=single", errors)
-        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
         if ln.device == "cuda" and machine and torch.cuda.is_available():
+            ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
             # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): one GPU per local rank.
             _check(ranks_here <= torch.cuda.device_count(),
                    f"learner.strategy=fsdp2 with learner.device=cuda needs a GPU per torchrun rank: {ranks_here} "

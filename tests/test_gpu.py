@@ -67,13 +67,13 @@ def test_learner_update_on_cuda_equals_the_cpu_update(model_dir, case):
     """The same SGD update (change = -lr × gradient) on the GPU and on the CPU, weights to 1e-4: KL to
     a reference and an entropy bonus over 2 epochs × 2 minibatches; the shared-prompt forward (KV cache
     on the autograd graph); rows without gradient left out."""
-    settings, batches = {
-        "kl_entropy_2_epochs": (SGD_SETTINGS, [toy_batch(n=9)]),
-        "shared_prompt_forward": ({"shared_prompt_forward": True}, [grouped_batch(seed=3)]),
-        "skip_rows_without_gradient": ({"skip_rows_without_gradient": True, **ADAM_SETTINGS}, silent_batches()),
+    settings, batches = {   # fresh batches for each learner: score and update write into a batch
+        "kl_entropy_2_epochs": (SGD_SETTINGS, lambda: [toy_batch(n=9)]),
+        "shared_prompt_forward": ({"shared_prompt_forward": True}, lambda: [grouped_batch(seed=3)]),
+        "skip_rows_without_gradient": ({"skip_rows_without_gradient": True, **ADAM_SETTINGS}, silent_batches),
     }[case]
-    before, on_cpu, cpu_metrics = sgd_update(model_dir, batches, **settings)
-    _, on_cuda, cuda_metrics = sgd_update(model_dir, batches, device="cuda", **settings)
+    before, on_cpu, cpu_metrics = sgd_update(model_dir, batches(), **settings)
+    _, on_cuda, cuda_metrics = sgd_update(model_dir, batches(), device="cuda", **settings)
     assert_close_weights(on_cuda, on_cpu, before)
     assert cuda_metrics["actor/grad_norm"] == pytest.approx(cpu_metrics["actor/grad_norm"], rel=1e-4, abs=1e-6)
 

@@ -280,11 +280,18 @@ def worker_load(worker, payload: dict) -> None:
     bucket of a push opens the layerwise reload ("begin"), the last one closes it ("finish")."""
     # The buffer first: with NCCL the sender is already blocked in its broadcast, and a worker that
     # failed before its receive would leave the sender's stream waiting for ever.
-    buf = _open_worker_bucket(worker, payload)
+    buf = open_bucket(payload, device=getattr(worker, "device", torch.device("cpu")),
+                      shm_maps=worker.__dict__.setdefault("_grpo_lab_shm", {}),
+                      nccl=getattr(worker, "_grpo_lab_nccl", None))
     if payload.get("begin"):
         worker_begin(worker)
     try:
-        _load_bucket(worker, payload, buf)
+        model = _model(worker)
+        model.load_weights(unpack_bucket(buf, [TensorMeta(*m) for m in payload["metas"]]))
+        _own_pending_views(model, buf)
+        if payload["kind"] in ("cuda_ipc", "nccl"):
+            del buf
+            torch.cuda.synchronize()
     finally:
         if payload.get("finish"):
             worker_finish(worker, tied_changed=payload.get("tied_changed", True))
@@ -323,22 +330,6 @@ def open_bucket(payload: dict, *, device: torch.device, shm_maps: dict | None = 
         torch.cuda.current_stream().synchronize()
         return buf
     raise ValueError(f"unknown weight-sync payload {kind!r}")
-
-
-def _open_worker_bucket(worker, payload: dict) -> torch.Tensor:
-    return open_bucket(payload, device=getattr(worker, "device", torch.device("cpu")),
-                       shm_maps=worker.__dict__.setdefault("_grpo_lab_shm", {}),
-                       nccl=getattr(worker, "_grpo_lab_nccl", None))
-
-
-def _load_bucket(worker, payload: dict, buf: torch.Tensor) -> None:
-    metas = [TensorMeta(*m) for m in payload["metas"]]
-    model = _model(worker)
-    model.load_weights(unpack_bucket(buf, metas))
-    _own_pending_views(model, buf)
-    if payload["kind"] in ("cuda_ipc", "nccl"):
-        del buf
-        torch.cuda.synchronize()
 
 
 def _own_pending_views(model, buf: torch.Tensor) -> None:
