@@ -56,6 +56,7 @@ CATALOGUE = [
     (['rollout.temperature=0'], 'rollout.temperature'),
     (['rollout.top_p=0'], 'rollout.top_p'),
     (['rollout=hf', 'rollout.sampler=beam'], 'rollout.sampler'),
+    (['learner.attn_implementation=flash'], 'learner.attn_implementation'),
     (['rollout.gpu_memory_utilization=0'], 'rollout.gpu_memory_utilization'),
     (['rollout.max_new_tokens=0'], 'rollout.max_new_tokens'),
     (['rollout.max_new_tokens=300'], 'rollout.max_new_tokens'),

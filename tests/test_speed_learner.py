@@ -332,6 +332,23 @@ def test_the_update_with_shared_prompt_forwards_equals_the_update_without(model_
     assert n1 < n0
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_eager_attention_kernel_gives_the_default_kernels_update(model_dir, shared):
+    """learner.attn_implementation=eager (faster for short rows on CPU) is the same computation as the
+    model's default kernel (sdpa): the same parameter change and gradient norm, padded rows and the
+    shared-prompt forward's cached keys included."""
+    runs = {}
+    for attn in (None, "eager"):
+        learner = make_learner(model_dir, {"attn_implementation": attn, "shared_prompt_forward": shared})
+        assert learner.policy.config._attn_implementation == (attn or "sdpa")
+        runs[attn] = run_step(learner, fsdp_common.grouped_batch(seed=5, groups=4, group_size=4))
+    (m0, d0), (m1, d1) = runs[None], runs["eager"]
+    for name in d0:
+        torch.testing.assert_close(d1[name], d0[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert max(d.abs().max() for d in d1.values()) > 0
+    assert m1["actor/grad_norm"] == pytest.approx(m0["actor/grad_norm"], rel=1e-4)
+
+
 def test_shared_prompt_forward_refuses_gradient_checkpointing():
     """Under checkpointing HF drops the KV cache the completions need: refused at validation, with the fix."""
     import re

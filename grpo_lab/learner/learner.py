@@ -213,7 +213,9 @@ class Learner:
         self.token_budget = _opt(learner_cfg, "max_tokens_per_micro_batch", None)
         self.logits_chunk = _opt(learner_cfg, "logits_chunk_tokens", None)
         self.shared_prompts = _opt(learner_cfg, "shared_prompt_forward", False)
-        policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(self.device)
+        attn = _opt(learner_cfg, "attn_implementation", None)   # null: the model's default kernel
+        policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                      **({"attn_implementation": attn} if attn else {})).to(self.device)
         if _opt(learner_cfg, "gradient_checkpointing", False):
             # Non-reentrant checkpointing works with frozen inputs (LoRA) and autocast, needs no
             # enable_input_require_grads, and is what torch recommends (torch.utils.checkpoint docs).
