@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-sync bench-algorithms clean
+.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ bench: venv ## Speed, A/B interleaved in one run: rollout vs raw vLLM, learner v
 
 bench-trl-smollm2: venv ## The lab vs TRL GRPOTrainer on the SmolLM2 recipe (LoRA, bf16, chat template), 8 steps each (~40 min)
 	PYTHONPATH=. $(PY) scripts/bench.py --skip phases overlap --steps 8 $(ARGS) experiment=smollm2_chain_sum
+
+bench-trl-tiny: venv ## The lab's fastest tiny-model settings (experiment=tiny_cpu_fast) vs TRL GRPOTrainer, 150 steps each (~5 min)
+	PYTHONPATH=. $(PY) scripts/bench.py --skip phases overlap skip_rows shared_prompts $(ARGS) experiment=tiny_cpu_fast
 
 bench-sync: venv ## Weight-sync time, old (pickled) vs new (shm buckets), as a share of the step: tiny model and SmolLM2-135M
 	PYTHONPATH=. $(PY) scripts/bench_sync.py $(ARGS)

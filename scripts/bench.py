@@ -339,7 +339,10 @@ def trl_prompts(tok, items) -> list | str:
     return [bos + it.prompt for it in items]
 
 
-def bench_trl(cfg, overrides: list[str], policy_dir: Path, task, steps: int, tmp: Path) -> dict | str:
+def bench_trl(cfg, overrides: list[str], policy_dir: Path, task, steps: int, tmp: Path, reps: int = 1) -> dict | str:
+    """The lab's run and TRL's GRPOTrainer on the same start model, prompts and settings, `reps` pairs in
+    alternating order (TRL first, then the lab first, ...): RL-phase seconds of each, and held-out greedy
+    accuracy of the first pair's final models (seeded runs: later pairs train the same models)."""
     from transformers import AutoTokenizer
 
     from grpo_lab.prompts import prepare_for_model
@@ -365,29 +368,45 @@ def bench_trl(cfg, overrides: list[str], policy_dir: Path, task, steps: int, tmp
             "lr": float(lc.lr), "grad_clip": float(lc.grad_clip), "temperature": float(r.temperature),
             "clip": float(cfg.algorithm.clip_low), "max_new_tokens": int(r.max_new_tokens), "seed": int(cfg.seed),
             "lora": lora, "bf16": lc.dtype == "bf16", "threads": int(lc.num_threads or 0),
-            "out_dir": str(tmp / "trl"), "result": str(tmp / "trl.json")}
-    (tmp / "trl_spec.json").write_text(json.dumps(spec))
+            "out_dir": None, "result": None}
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = subprocess.run([str(py), str(REPO / "scripts" / "bench_trl_child.py"), str(tmp / "trl_spec.json")],
-                          env={**env, "TOKENIZERS_PARALLELISM": "false"}, capture_output=True, text=True)
-    if proc.returncode != 0:
-        return f"TRL run failed: {proc.stderr.strip()[-1500:]}"
-    trl_res = json.loads((tmp / "trl.json").read_text())
 
-    run_dir = tmp / "lab_run"
-    lines = run_train([*overrides, f"trainer.total_steps={steps}", "trainer.eval_every=0",
-                       "trainer.save_checkpoint=true"], run_dir)
+    def run_trl(k: int) -> dict | str:
+        spec.update(out_dir=str(tmp / f"trl_{k}"), result=str(tmp / f"trl_{k}.json"))
+        (tmp / "trl_spec.json").write_text(json.dumps(spec))
+        proc = subprocess.run([str(py), str(REPO / "scripts" / "bench_trl_child.py"), str(tmp / "trl_spec.json")],
+                              env={**env, "TOKENIZERS_PARALLELISM": "false"}, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return f"TRL run failed: {proc.stderr.strip()[-1500:]}"
+        return json.loads(Path(spec["result"]).read_text())
+
+    def run_lab(k: int) -> list[float]:
+        return step_times(run_train([*overrides, f"trainer.total_steps={steps}", "trainer.eval_every=0",
+                                     "trainer.save_checkpoint=true"], tmp / f"lab_run_{k}"))
+
+    trl_runs, lab_runs = [], []
+    for k in range(reps):
+        for side in (("trl", "lab") if k % 2 == 0 else ("lab", "trl")):
+            if side == "lab":
+                lab_runs.append(run_lab(k))
+                continue
+            res = run_trl(k)
+            if isinstance(res, str):
+                return res
+            trl_runs.append(res)
     test = task.splits[t.eval_split]
-    lab_acc, lab_texts = evaluate_dir(run_dir / "checkpoints" / "final", test, int(r.max_new_tokens), tok)
-    trl_acc, trl_texts = evaluate_dir(Path(spec["out_dir"]) / "final", test, int(r.max_new_tokens), tok)
+    lab_acc, lab_texts = evaluate_dir(tmp / "lab_run_0" / "checkpoints" / "final", test, int(r.max_new_tokens), tok)
+    trl_acc, trl_texts = evaluate_dir(tmp / "trl_0" / "final", test, int(r.max_new_tokens), tok)
     start_acc, _ = evaluate_dir(policy_dir, test, int(r.max_new_tokens), tok)
     # The TRL child's reward (the item's answer read by grpo_lab/rewards/answers.py, exact match) must
     # equal the lab's correctness on what the models write.
     agree = [is_correct(c, it) == (extract_answer(c, it.fields.get("answer_format", "plain")) == it.answer.strip())
              for c, it in zip(lab_texts + trl_texts, test + test)]
-    lab_steps, trl_steps = step_times(lines), trl_res["step_s"]
-    return {"lab_rl_s": sum(lab_steps), "trl_rl_s": trl_res["rl_s"], "trl_threads": trl_res["threads"],
-            "lab_step_s": med(lab_steps), "trl_step_s": med(trl_steps) if trl_steps else float("nan"),
+    lab_rl, trl_rl = [sum(x) for x in lab_runs], [x["rl_s"] for x in trl_runs]
+    return {"lab_rl_s": lab_rl, "trl_rl_s": trl_rl, "trl_threads": trl_runs[0]["threads"],
+            "pair_ratios": [a / b for a, b in zip(lab_rl, trl_rl)],
+            "lab_step_s": med([med(x) for x in lab_runs]),
+            "trl_step_s": med([med(x["step_s"]) for x in trl_runs if x["step_s"]]),
             "lab_acc": lab_acc, "trl_acc": trl_acc, "start_acc": start_acc, "n_test": len(test),
             "reward_agreement": sum(agree) / max(len(agree), 1)}
 
@@ -403,6 +422,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions per A/B pair (default 7)")
     parser.add_argument("--steps", type=int, default=150, help="RL steps of the lab vs TRL runs (default 150)")
+    parser.add_argument("--trl-reps", type=int, default=1,
+                        help="lab/TRL run pairs, alternating which runs first (default 1; identical runs vary 15 %%+)")
     parser.add_argument("--overlap-steps", type=int, default=20, help="steps per overlap run (default 20)")
     parser.add_argument("--overlap-reps", type=int, default=2, help="runs per overlap setting (default 2)")
     parser.add_argument("--ab-steps", "--skip-steps", dest="ab_steps", type=int, default=150,
@@ -478,12 +499,17 @@ def main() -> None:
                           f"{one['threads']} threads")]
         if "trl" not in args.skip:
             print(f"[bench] lab vs TRL, {args.steps} steps each ...", file=sys.stderr, flush=True)
-            tr = bench_trl(cfg, args.overrides, policy_dir, task, args.steps, tmp)
+            tr = bench_trl(cfg, args.overrides, policy_dir, task, args.steps, tmp, args.trl_reps)
             if isinstance(tr, str):
                 lines.append(f"{'TRL':<10}{tr}")
             else:
-                lines += [f"{'TRL':<10}{'lab RL phase s':<34}{tr['lab_rl_s']:>10.1f}  {'TRL GRPOTrainer.train() s':<30}"
-                          f"{tr['trl_rl_s']:>10.1f}{tr['lab_rl_s'] / tr['trl_rl_s']:>9.2f}x   target <= 0.50x",
+                lab_rl, trl_rl = med(tr["lab_rl_s"]), med(tr["trl_rl_s"])
+                lines += [f"{'TRL':<10}{'lab RL phase s':<34}{lab_rl:>10.1f}  {'TRL GRPOTrainer.train() s':<30}"
+                          f"{trl_rl:>10.1f}{lab_rl / trl_rl:>9.2f}x   target <= 0.50x",
+                          f"{'':<10}{len(tr['pair_ratios'])} pairs, alternating order: lab "
+                          f"{', '.join(f'{x:.1f}' for x in tr['lab_rl_s'])} s; TRL "
+                          f"{', '.join(f'{x:.1f}' for x in tr['trl_rl_s'])} s; ratio per pair "
+                          f"{', '.join(f'{x:.2f}' for x in tr['pair_ratios'])}",
                           f"{'':<10}{'median step s':<34}{tr['lab_step_s']:>10.2f}  {'':<30}{tr['trl_step_s']:>10.2f}",
                           f"{'':<10}held-out greedy accuracy ({tr['n_test']} test items, grpo_lab.evaluation.evaluate): "
                           f"start {tr['start_acc']:.1%}, lab {tr['lab_acc']:.1%}, TRL {tr['trl_acc']:.1%}; "

@@ -42,6 +42,22 @@ def test_two_step_run(engine, tmp_path, warm_cache):
     assert f"engine: {engine}" in resolved and "run_name: chain_sum_tiny_llama_grpo_G4_clip0.2_kl0_s0" in resolved
 
 
+def test_two_step_run_with_the_fast_cpu_settings(tmp_path, warm_cache):
+    """experiment=tiny_cpu_fast (make bench-trl-tiny): the shared-prefill sampler, skipped silent rows, the
+    shared prompt forward in one micro-batch and eager attention, together in a real run; the learner's
+    logprobs of what the sampler drew are the sampler's own."""
+    run_dir = tmp_path / "run"
+    proc = run_train(["experiment=tiny_cpu_fast", *TINY_RUN], run_dir, warm_cache)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    lines = read_metrics(run_dir)
+    assert_finite_metrics(lines)
+    assert lines[1]["rollout/logprob_abs_diff_max"] < 1e-4
+    resolved = (run_dir / "config.yaml").read_text()
+    assert "sampler: shared_prefill" in resolved and "attn_implementation: eager" in resolved
+    assert max_param_change(start_model_dir(warm_cache), run_dir / "checkpoints" / "final") > 0
+
+
 def test_offline_dpo_from_a_local_pairs_file(tmp_path, warm_cache):
     """DPO runs offline from a JSONL file of (prompt, chosen, rejected) and moves the policy toward chosen."""
     pairs = tmp_path / "pairs.jsonl"
