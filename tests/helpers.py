@@ -73,3 +73,11 @@ def start_model_dir(cache_dir: Path) -> Path:
 
 __all__ = ["REPO", "TINY_RUN", "run_train", "train_in_process", "read_metrics", "assert_finite_metrics", "max_param_change",
            "start_model_dir", "TASK", "WARMUP", "torch"]
+
+
+def ragged_prompts(n: int = 7) -> list[list[int]]:
+    """<bos> + 2-5 random tokens of the tiny model's digits alphabet: prompts of different lengths, so a
+    batch of them is left-padded."""
+    g = torch.Generator().manual_seed(0)
+    return [[1] + torch.randint(3, 13, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]

@@ -9,17 +9,12 @@ from omegaconf import OmegaConf
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.rollout.data_parallel import DataParallelEngine, placement_env, shard_bounds
 from grpo_lab.rollout.hf_engine import HFEngine
+from helpers import ragged_prompts
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return MODEL_BUILDERS.get("tiny_llama")(tmp_path_factory.mktemp("m") / "model", alphabet="0123456789+-=", seed=0)
-
-
-def prompts(n=7):
-    g = torch.Generator().manual_seed(0)
-    return [[1] + torch.randint(3, 13, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
 
 
 def test_shards_are_contiguous_balanced_and_cover_everything():
@@ -56,7 +51,7 @@ def test_replicas_return_what_one_engine_returns_and_all_take_new_weights(model_
             new = [(k, v.detach() + 0.5 * torch.randn(v.shape, generator=g)) for k, v in one.model.named_parameters()]
             one.load_weights(new)
             dp.load_weights(iter(new))                                   # an iterator is read once, sent to all
-        a, b = one.generate(prompts(), **args), dp.generate(prompts(), **args)
+        a, b = one.generate(ragged_prompts(), **args), dp.generate(ragged_prompts(), **args)
         assert b.group_ids == a.group_ids == [i for i in range(7) for _ in range(2)]
         assert b.completion_ids == a.completion_ids and b.prompt_ids == a.prompt_ids
         for x, y in zip(a.sampler_logprobs, b.sampler_logprobs):
@@ -94,9 +89,9 @@ def before_and_after_a_push(model_dir, sizes: list, generate_args: dict) -> list
         engine = make_engine(model_dir, rollout, seed=0)
         try:
             assert isinstance(engine, DataParallelEngine) == (key == "data_parallel_size" and size > 1)
-            first = engine.generate(prompts(), **generate_args)
+            first = engine.generate(ragged_prompts(), **generate_args)
             engine.load_weights(new)
-            results.append((first, engine.generate(prompts(), **generate_args)))
+            results.append((first, engine.generate(ragged_prompts(), **generate_args)))
         finally:
             engine.close()
     assert results[0][0].completion_ids != results[0][1].completion_ids   # the push changed what is written

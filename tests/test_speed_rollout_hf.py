@@ -11,18 +11,12 @@ import torch
 from grpo_lab.learner.batch import collate, completion_stats
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.rollout.hf_engine import HFEngine
+from helpers import ragged_prompts
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return MODEL_BUILDERS.get("tiny_llama")(tmp_path_factory.mktemp("m") / "model", alphabet="0123456789+-=", seed=0)
-
-
-def prompts(n=7):
-    """<bos> + 2-5 random tokens: different lengths, so the batch is left-padded."""
-    g = torch.Generator().manual_seed(0)
-    return [[1] + torch.randint(3, 13, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
 
 
 def engines(model_dir, eos_id=None):
@@ -36,11 +30,11 @@ def engines(model_dir, eos_id=None):
 def test_greedy_rows_equal_generates_with_the_same_stops(model_dir):
     ref, shared = engines(model_dir)
     args = dict(n=3, temperature=0.0, top_p=1.0, max_new_tokens=8, seed=0)
-    first = ref.generate(prompts(), **args)
+    first = ref.generate(ragged_prompts(), **args)
     # Stop on a token the greedy rows write, somewhere in the middle of some rows and not in others.
     counts = torch.bincount(torch.tensor([t for c in first.completion_ids for t in c[1:]]))
     ref, shared = engines(model_dir, eos_id=int(counts.argmax()))
-    a, b = ref.generate(prompts(), **args), shared.generate(prompts(), **args)
+    a, b = ref.generate(ragged_prompts(), **args), shared.generate(ragged_prompts(), **args)
     assert any(a.truncated) and not all(a.truncated)
     assert len({len(c) for c in a.completion_ids}) > 1
     assert b.completion_ids == a.completion_ids and b.truncated == a.truncated
@@ -52,7 +46,7 @@ def test_greedy_rows_equal_generates_with_the_same_stops(model_dir):
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_sampled_logprobs_are_the_learners_and_tokens_lie_in_the_nucleus(model_dir, top_p):
     _, shared = engines(model_dir, eos_id=5)
-    roll = shared.generate(prompts(), n=4, temperature=0.7, top_p=top_p, max_new_tokens=8, seed=1)
+    roll = shared.generate(ragged_prompts(), n=4, temperature=0.7, top_p=top_p, max_new_tokens=8, seed=1)
     batch = collate(roll.prompt_ids, roll.completion_ids, shared.pad_id, roll.sampler_logprobs)
     with torch.no_grad():
         learner, _ = completion_stats(shared.model, batch, 0.7)          # logits / T, as the sampler's logprobs
@@ -73,7 +67,7 @@ def test_first_tokens_follow_the_models_distribution(model_dir, sampler):
     """4,000 draws of one prompt's first token against softmax(logits / T): every frequency within
     4.5 binomial standard deviations (a false alarm about once in 10^5 runs per token)."""
     engine = HFEngine.from_dir(model_dir, sampler=sampler)
-    prompt = prompts(1)
+    prompt = ragged_prompts(1)
     with torch.no_grad():
         logits = engine.model(input_ids=torch.tensor(prompt)).logits[0, -1]
     p = torch.softmax(logits / 1.5, -1)

@@ -45,7 +45,7 @@ def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEng
 def _hf(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
     from grpo_lab.rollout.hf_engine import HFEngine
     return HFEngine.from_dir(model_dir, dtype=rollout_cfg.dtype, device=device,
-                             sampler=rollout_cfg.sampler)
+                             sampler=getattr(rollout_cfg, "sampler", "generate"))
 
 
 def make_engine(model_dir: Path, rollout_cfg, *, seed: int, device: str = "cpu") -> RolloutEngine:
