@@ -77,7 +77,7 @@ class TensorBatch:
         return TensorBatch(out, prompt_width, self.extras)
 
 
-def _padded(rows: list[list], width: int, fill, dtype: torch.dtype, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_rows(rows: list[list], width: int, fill, dtype: torch.dtype, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged rows -> ([N, width] tensor padded with `fill` on the left or right, bool mask of the
     real entries), in one scatter: a boolean-mask assignment fills row-major, the order of `flat`."""
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)                 # [N]
@@ -97,8 +97,8 @@ def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id
     """
     P = max(len(p) for p in prompt_ids)
     T = max(1, max(len(c) for c in completion_ids))
-    prompt, prompt_real = _padded(prompt_ids, P, pad_id, torch.long, left=True)          # [N, P]
-    completion, completion_real = _padded(completion_ids, T, pad_id, torch.long, left=False)  # [N, T]
+    prompt, prompt_real = padded_rows(prompt_ids, P, pad_id, torch.long, left=True)          # [N, P]
+    completion, completion_real = padded_rows(completion_ids, T, pad_id, torch.long, left=False)  # [N, T]
     input_ids = torch.cat([prompt, completion], 1)
     attention = torch.cat([prompt_real, completion_real], 1).long()
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -107,7 +107,7 @@ def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id
     if sampler_logprobs is not None:
         # Only rows with a completion carry logprobs (an empty completion has none, whatever was passed).
         rows = [lp if c else [] for lp, c in zip(sampler_logprobs, completion_ids)]
-        tensors["sampler_logprobs"] = _padded(rows, T, 0.0, torch.float32, left=False)[0]
+        tensors["sampler_logprobs"] = padded_rows(rows, T, 0.0, torch.float32, left=False)[0]
     return TensorBatch(tensors, P)
 
 

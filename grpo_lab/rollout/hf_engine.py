@@ -20,6 +20,7 @@ from typing import Iterable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache, TemperatureLogitsWarper, TopPLogitsWarper
 
+from grpo_lab.learner.batch import padded_rows
 from grpo_lab.rollout.base import Rollout
 
 
@@ -66,13 +67,8 @@ class HFEngine:
 
     def _left_padded(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts left-padded so all generated tokens start at the same column: ids, mask [U, width]."""
-        width = max(len(p) for p in prompt_ids)
-        ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prompt_ids):
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
-        return ids.to(self.device), attn.to(self.device)
+        ids, real = padded_rows(prompt_ids, max(len(p) for p in prompt_ids), self.pad_id, torch.long, left=True)
+        return ids.to(self.device), real.long().to(self.device)
 
     def _sample_generate(self, prompt_ids, n, temperature, top_p, max_new_tokens, logprobs):
         """transformers `generate` on all len(prompts)·n rows: (tokens [N, T_gen], logprobs [N, T_gen] or None)."""
@@ -108,7 +104,7 @@ class HFEngine:
         for i, layer in enumerate(out.past_key_values.layers):
             cache.update(layer.keys.repeat_interleave(n, 0), layer.values.repeat_interleave(n, 0), i)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)             # [N, V]
-        attn = torch.cat([attn, torch.zeros_like(attn[:, :1]).expand(-1, max_new_tokens)], 1).repeat_interleave(n, 0)
+        attn = torch.nn.functional.pad(attn, (0, max_new_tokens)).repeat_interleave(n, 0)   # a column per new token
         next_pos = positions[:, -1].repeat_interleave(n, 0) + 1
         warpers = [] if greedy else [TemperatureLogitsWarper(temperature)] + (
             [TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
