@@ -4,18 +4,20 @@
         build_learner(cfg, policy_dir, *, temperature, seed, max_completion_len) -> a Learner or a proxy
         build_engine(model_dir, rollout_cfg, *, seed, device) -> a RolloutEngine or a proxy
 
-Fact: `requires_module` (a package the backend needs, checked before anything loads). The train loop
-calls whatever comes back the same way, so it never asks which backend it runs on.
+Facts: `requires_module` (a package the backend needs, checked before anything loads) and
+`spawns_engine` (the engine's processes are this process's children, so they inherit the CPU cores
+of the thread that starts them: trainer.cpu_placement can place them). The train loop calls whatever
+comes back the same way, so it never asks which backend it runs on.
 """
 
 from __future__ import annotations
 
 from grpo_lab.registry import Registry
 
-TRAINER_BACKENDS = Registry("trainer backend", defaults={"requires_module": None})
+TRAINER_BACKENDS = Registry("trainer backend", defaults={"requires_module": None, "spawns_engine": False})
 
 
-@TRAINER_BACKENDS.register("local")
+@TRAINER_BACKENDS.register("local", spawns_engine=True)
 def local(cfg):
     """This process (learner.strategy=fsdp2: rank 0's handle, each call runs on every torchrun rank)."""
     from grpo_lab.learner import distributed
@@ -24,7 +26,7 @@ def local(cfg):
     return distributed.make_learner, make_engine
 
 
-@TRAINER_BACKENDS.register("engine_process")
+@TRAINER_BACKENDS.register("engine_process", spawns_engine=True)
 def engine_process(cfg):
     """The learner in this process, the rollout engine (vLLM's client included) in a child process, so
     that with trainer.max_staleness=1 the client's Python work runs beside the learner instead of

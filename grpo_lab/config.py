@@ -19,6 +19,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from grpo_lab.cpu_placement import CPU_PLACEMENTS
+
 
 @dataclass
 class KLConfig:
@@ -417,6 +419,12 @@ class TrainerConfig:
     # grpo_lab/rollout/engine_process.py) or "ray" (Ray actors in a placement group; RAY_ADDRESS = an
     # existing cluster, else a local one; grpo_lab/ray_backend.py).
     backend: str = "local"
+    # CPU cores when the rollout engine computes in processes of its own on the CPU (vLLM's CPU build):
+    # "split" = the learner's threads on the first learner.num_threads cores, the engine's processes on
+    # the rest (vLLM's readers spin while they wait, stealing a shared core's time slices from the
+    # learner; grpo_lab/cpu_placement.py); "shared" = the OS spreads both over every core; "auto" =
+    # split when trainer.max_staleness > 0 (both compute at once), shared in the synchronous loop.
+    cpu_placement: str = "auto"
 
 
 @dataclass
@@ -677,6 +685,8 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     _check(t.max_staleness in (0, 1), f"trainer.max_staleness={t.max_staleness}; valid choices: 0 (synchronous) "
            "or 1 (sample the next step while the learner trains)", errors)
     _check(t.max_bad_steps >= 0, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0", errors)
+    _check(t.get("cpu_placement", "auto") in CPU_PLACEMENTS, f"trainer.cpu_placement={t.get('cpu_placement')!r}; "
+           f"valid choices: {', '.join(CPU_PLACEMENTS)}", errors)
     if registered(TRAINER_BACKENDS, t.backend, "trainer.backend"):
         module = TRAINER_BACKENDS.fact(t.backend, "requires_module")
         _check(not machine or module is None or importlib.util.find_spec(module) is not None,

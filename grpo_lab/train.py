@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from grpo_lab import checkpoint
 from grpo_lab.backends import TRAINER_BACKENDS
 from grpo_lab.config import ConfigError, finalize, register_configs, validate
+from grpo_lab.cpu_placement import engine_cores, plan_placement
 from grpo_lab.evaluation import evaluate_held_out
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner import distributed
@@ -150,7 +151,7 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
 
 def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
     torch.manual_seed(cfg.seed)
-    set_cpu_threads(cfg.learner.num_threads or learner_threads(cfg))
+    n_learner = set_cpu_threads(cfg.learner.num_threads or learner_threads(cfg))
     device = resolve_device(cfg.learner.device)
     task = build_task(cfg.task)
     policy_dir, warm = build_policy(cfg, task, device)
@@ -167,7 +168,16 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
         learner.load_state(resume_from / "policy", state["learner"])
     if device.type == "cuda":   # vLLM checks free GPU memory at start; the warm-up's cached blocks would count
         torch.cuda.empty_cache()
-    engine = build_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
+    placement = plan_placement(t.get("cpu_placement", "auto"), overlapped=t.max_staleness > 0, n_learner=n_learner,
+                               engine_own_process=ROLLOUT_ENGINES.fact(cfg.rollout.engine, "own_process"),
+                               engine_on_cpu=not torch.cuda.is_available(),
+                               spawns_engine=TRAINER_BACKENDS.fact(t.backend, "spawns_engine"),
+                               distributed=distributed.launched_distributed())
+    if placement:
+        print(f"cpu placement: learner on cores {list(placement.learner)}, engine on {list(placement.engine)} "
+              "(trainer.cpu_placement=shared: all cores to both)")
+    with engine_cores(placement):
+        engine = build_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
     eval_items = task.splits[t.eval_split]
     sampler = objective.make_sampler(cfg, engine, tokenizer, task.splits["train"])
     pipeline = RolloutPipeline(sampler, cfg, max_staleness=t.max_staleness)

@@ -57,6 +57,7 @@ CATALOGUE = [
     (['rollout.top_p=0'], 'rollout.top_p'),
     (['rollout=hf', 'rollout.sampler=beam'], 'rollout.sampler'),
     (['learner.attn_implementation=flash'], 'learner.attn_implementation'),
+    (['trainer.cpu_placement=numa'], 'trainer.cpu_placement'),
     (['rollout.gpu_memory_utilization=0'], 'rollout.gpu_memory_utilization'),
     (['rollout.max_new_tokens=0'], 'rollout.max_new_tokens'),
     (['rollout.max_new_tokens=300'], 'rollout.max_new_tokens'),

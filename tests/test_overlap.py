@@ -34,3 +34,19 @@ def test_resume_with_a_batch_sampled_ahead_equals_the_uninterrupted_run(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     strip = lambda lines: [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in lines]  # noqa: E731
     assert strip(read_metrics(run_dir)) == strip(reference)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_splitting_the_cores_between_learner_and_engine_changes_no_number(tmp_path, warm_cache):
+    """trainer.cpu_placement=split (the learner on one core, vLLM's processes on the other) moves threads,
+    not arithmetic: the overlapped run logs exactly what the shared-cores run logs (timings aside)."""
+    runs = {}
+    for placement in ("shared", "split"):
+        run_dir = tmp_path / placement
+        proc = run_train(["rollout=vllm", "trainer.backend=engine_process", f"trainer.cpu_placement={placement}",
+                          *OVERLAP], run_dir, warm_cache)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert ("cpu placement: learner on cores" in proc.stdout) == (placement == "split")
+        runs[placement] = [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in read_metrics(run_dir)]
+    assert runs["split"] == runs["shared"]
