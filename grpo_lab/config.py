@@ -591,10 +591,12 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
         have = (torch.cuda.device_count() if on_cuda else os.cpu_count() or 1) if machine else tp * dp
         _check(tp * dp <= have, f"rollout.tensor_parallel_size={tp} × rollout.data_parallel_size={dp} = {tp * dp} "
                f"{'GPUs' if on_cuda else 'CPU cores'} but this machine has {have}: lower them", errors)
-    if r.engine == "hf":   # its sampling loop (grpo_lab/rollout/hf_engine.py)
-        from grpo_lab.rollout.hf_engine import SAMPLERS
+    # The hf engine's sampling loop (grpo_lab/rollout/hf_engine.py); other engines ignore the key, but a
+    # misspelt value is refused for every engine, so a sweep over engines does not carry it unnoticed.
+    from grpo_lab.rollout.hf_engine import SAMPLERS
 
-        _check(r.sampler in SAMPLERS, f"rollout.sampler={r.sampler!r}; valid choices: {', '.join(SAMPLERS)}", errors)
+    _check(r.get("sampler", "generate") in SAMPLERS, f"rollout.sampler={r.get('sampler')!r}; valid choices: "
+           f"{', '.join(SAMPLERS)} (used by rollout=hf)", errors)
     _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
     _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
     _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)

@@ -56,6 +56,7 @@ CATALOGUE = [
     (['rollout.temperature=0'], 'rollout.temperature'),
     (['rollout.top_p=0'], 'rollout.top_p'),
     (['rollout=hf', 'rollout.sampler=beam'], 'rollout.sampler'),
+    (['rollout=vllm', 'rollout.sampler=beam'], 'rollout.sampler'),
     (['learner.attn_implementation=flash'], 'learner.attn_implementation'),
     (['trainer.cpu_placement=numa'], 'trainer.cpu_placement'),
     (['rollout.gpu_memory_utilization=0'], 'rollout.gpu_memory_utilization'),
