@@ -57,12 +57,17 @@ def plan_placement(mode: str, *, overlapped: bool, engine_own_process: bool, eng
     synchronous loop (`overlapped` False); an engine that computes in the learner's own process (the hf
     engine) or on a GPU; engine processes that are not this process's children (Ray actors); several
     learner processes (torchrun); an explicit VLLM_CPU_OMP_THREADS_BIND (the user placed the engine); a
-    platform without CPU affinity."""
+    platform without CPU affinity; an OMP_NUM_THREADS below the cores this process may use, which is how
+    parallel sweep jobs share a machine (joblib's workers get cores // n_jobs): every job would pin its
+    learner to the same first cores."""
     wanted = mode == "split" or (mode == "auto" and overlapped)
     if (not wanted or not engine_own_process or not engine_on_cpu or not spawns_engine or distributed
             or "VLLM_CPU_OMP_THREADS_BIND" in os.environ or not hasattr(os, "sched_setaffinity")):
         return None
-    return split_cores(sorted(os.sched_getaffinity(0)), n_learner)
+    cores = sorted(os.sched_getaffinity(0))
+    if 0 < int(os.environ.get("OMP_NUM_THREADS") or 0) < len(cores):
+        return None
+    return split_cores(cores, n_learner)
 
 
 def pin_process(cores) -> None:

@@ -40,6 +40,7 @@ def test_the_learner_takes_the_first_cores_and_the_engine_the_rest():
 @two_cores
 def test_the_split_applies_only_to_engine_processes_this_process_starts_on_the_cpu(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cores = sorted(os.sched_getaffinity(0))
     ok = dict(overlapped=True, engine_own_process=True, engine_on_cpu=True, spawns_engine=True, n_learner=1)
     split = CorePlacement(learner=(cores[0],), engine=tuple(cores[1:]))
@@ -52,6 +53,10 @@ def test_the_split_applies_only_to_engine_processes_this_process_starts_on_the_c
     assert plan_placement("split", **{**ok, "spawns_engine": False}) is None        # Ray actors
     assert plan_placement("split", **ok, distributed=True) is None                  # torchrun ranks
     assert plan_placement("split", **{**ok, "n_learner": len(cores)}) is None       # learner.num_threads = all
+    monkeypatch.setenv("OMP_NUM_THREADS", str(len(cores) - 1))                      # a parallel sweep's job
+    assert plan_placement("split", **ok) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", str(len(cores)))                          # the whole machine
+    assert plan_placement("split", **ok) == split
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")                            # the user placed vLLM
     assert plan_placement("split", **ok) is None
 
