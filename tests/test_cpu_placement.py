@@ -1,8 +1,9 @@
-"""trainer.cpu_placement (split, or auto with trainer.max_staleness > 0): the learner's threads and the engine's processes on disjoint cores
-(grpo_lab/cpu_placement.py; a bad value is in the bad-input catalogue). The split by hand, when it applies, that processes started inside
-`engine_cores` inherit the engine's cores while every thread of this process ends on the learner's,
-and a real vLLM engine placed that way: all its processes and threads on the engine's core, one
-OpenMP thread in the worker (as vLLM's own binding gives it on two cores), the same greedy rows."""
+"""trainer.cpu_placement (split, or auto with trainer.max_staleness > 0): the learner's threads and the
+engine's processes on disjoint cores (grpo_lab/cpu_placement.py; a bad value is in the bad-input
+catalogue). The split by hand, when it applies, that processes started inside `engine_cores` inherit
+the engine's cores while every thread of this process ends on the learner's, and a real vLLM engine
+placed that way: all its processes and threads on the engine's core, one OpenMP thread in the worker
+(as vLLM's own binding gives it on two cores), the same greedy rows."""
 
 import multiprocessing as mp
 import os
@@ -11,7 +12,7 @@ import threading
 import pytest
 from omegaconf import OmegaConf
 
-from grpo_lab.cpu_placement import CorePlacement, engine_cores, plan_placement, split_cores
+from grpo_lab.cpu_placement import CorePlacement, engine_cores, pin_process, plan_placement, split_cores
 
 two_cores = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                                reason="needs CPU affinity and at least two cores")
@@ -22,11 +23,7 @@ def restore_affinity():
     """Every thread of the test process back on the cores it had (the placement pins the whole process)."""
     before = os.sched_getaffinity(0)
     yield
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), before)
-        except OSError:
-            pass
+    pin_process(before)
 
 
 def test_the_learner_takes_the_first_cores_and_the_engine_the_rest():

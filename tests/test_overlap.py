@@ -12,6 +12,10 @@ OVERLAP = [*TINY_RUN, "trainer.total_steps=4", "trainer.max_staleness=1", "train
 TIMING = ("wall_time_s", "perf/")
 
 
+def without_timings(lines: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in lines]
+
+
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_one_step_stale_pipeline_runs_and_logs_its_staleness(engine, tmp_path, warm_cache):
     run_dir = tmp_path / "run"
@@ -32,8 +36,7 @@ def test_resume_with_a_batch_sampled_ahead_equals_the_uninterrupted_run(tmp_path
     proc = run_train(["rollout=hf", *OVERLAP, f"trainer.resume={run_dir / 'checkpoints' / 'step_2'}"], run_dir,
                      warm_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    strip = lambda lines: [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in lines]  # noqa: E731
-    assert strip(read_metrics(run_dir)) == strip(reference)
+    assert without_timings(read_metrics(run_dir)) == without_timings(reference)
 
 
 @pytest.mark.slow
@@ -48,5 +51,5 @@ def test_splitting_the_cores_between_learner_and_engine_changes_no_number(tmp_pa
                           *OVERLAP], run_dir, warm_cache)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert ("cpu placement: learner on cores" in proc.stdout) == (placement == "split")
-        runs[placement] = [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in read_metrics(run_dir)]
+        runs[placement] = without_timings(read_metrics(run_dir))
     assert runs["split"] == runs["shared"]
