@@ -17,15 +17,15 @@ no state of its own. Restoring all of it reproduces the uninterrupted run (tests
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from grpo_lab.atomic_dir import write_dir_atomically
 
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -58,24 +58,18 @@ def checkpoints(run_dir: Path) -> list[Path]:
 
 
 def save(run_dir: Path, step: int, *, learner, tokenizer, state: dict, keep: int) -> Path:
-    """Write checkpoint `step_<step>` atomically, then delete all but the newest `keep`."""
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.tmp-", dir=root))
-    try:
+    """Write checkpoint `step_<step>` atomically (over one of the same step from an interrupted
+    attempt), then delete all but the newest `keep`."""
+
+    def write(tmp: Path) -> None:
         learner.save(tmp / "policy", tokenizer)
         if getattr(learner, "sharded", False):
             from grpo_lab.learner.distributed import DCP_DIR
 
             learner.save_dcp(tmp / DCP_DIR)
         torch.save({"step": step, "learner": learner.state_dict(), "rng": rng_state(), **state}, tmp / STATE_FILE)
-        if final.exists():  # a checkpoint of this step from an earlier, interrupted attempt
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    final = write_dir_atomically(Path(run_dir) / "checkpoints" / f"step_{step}", write)
     for old in checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -7,13 +7,12 @@ One step reads top to bottom as named phases:
             ─▶ learner.update ─▶ push weights ─▶ metrics (rollout/, reward/, actor/, critic/, perf/, eval/)
             ─▶ metrics.jsonl + wandb ─▶ [resumable checkpoint every trainer.checkpoint_every steps]
 
-The loop owns no math (grpo_lab/algos), no objective (grpo_lab/objectives) and no I/O format
-(grpo_lab/logging, grpo_lab/checkpoint).
+The loop owns no math (grpo_lab/algos), no objective (grpo_lab/objectives), no set-up (grpo_lab/run_setup,
+shared with the matched-compute SFT control) and no I/O format (grpo_lab/logging, grpo_lab/checkpoint).
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -22,10 +21,9 @@ from pathlib import Path
 import hydra
 import psutil
 import torch
-from transformers import AutoTokenizer
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from grpo_lab import checkpoint
@@ -35,40 +33,17 @@ from grpo_lab.cpu_placement import engine_cores, plan_placement
 from grpo_lab.evaluation import evaluate_held_out
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner import distributed
-from grpo_lab.learner.learner import release_freed_host_memory, resolve_device, set_cpu_threads
-from grpo_lab.learner.sft import cache_key, warmup_sft
+from grpo_lab.learner.learner import release_freed_host_memory
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
 from grpo_lab.memory_plan import plan_memory
-from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.objectives import OBJECTIVES
-from grpo_lab.prompts import prepare_for_model
 from grpo_lab.phases import RewardNormalizer, RolloutPipeline, rollout_metrics, to_learner_batch
 from grpo_lab.rollout import ROLLOUT_ENGINES
-from grpo_lab.tasks import build_task
+from grpo_lab.run_setup import log_initial_eval, open_recorder, record_outcome, start_run
 
 
 class NonFiniteError(RuntimeError):
     """The run produced NaN/inf values it cannot recover from; no checkpoint is written over them."""
-
-
-def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dict]:
-    """Model built from config (cached), then supervised warm-up (cached): the RL starting point."""
-    cache = Path(cfg.cache_dir)
-    model_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if v is not None}
-    builder = model_kwargs.pop("builder")
-    alphabet = task.alphabet()
-    # A converted pretrained model is cached once per model; a from-scratch one per alphabet and seed.
-    per_task = MODEL_BUILDERS.fact(builder, "per_task")
-    base_dir = cache / "models" / (cache_key(cfg.model, alphabet, cfg.seed) if per_task else cache_key(cfg.model))
-    base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed, **model_kwargs))
-    # Before the warm-up formats its targets: a chat model reads answers in its own style.
-    prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
-    if cfg.warmup.max_steps == 0:
-        return base_dir, {"skipped": True}
-    warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed)
-    stats = warmup_sft(base_dir, warm_dir, task, cfg.warmup, max_new_tokens=cfg.rollout.max_new_tokens,
-                       seed=cfg.seed, device=device)
-    return warm_dir, stats
 
 
 class ProgressLine:
@@ -121,21 +96,6 @@ def host_tree_rss_gib(root: psutil.Process | None = None) -> float:
     return total / 2**30
 
 
-def learner_threads(cfg: DictConfig) -> int:
-    """CPU threads for the learner when learner.num_threads is null: half the cores when something else
-    computes at the same time (an engine in its own process, or sampling ahead in a thread), else all
-    of them. Oversubscribed OpenMP threads spin against each other (2.1 s vs 0.17 s per SFT step here).
-    vLLM's engine counts even in the synchronous loop: with sub-second phases its idle threads still
-    compete (default tiny run, 2 cores: 2 learner threads 0.94 s/step vs 1 thread 0.51 s, the rollout
-    slowing from 0.22 to 0.40 s); with phases of tens of seconds they do not, so a recipe for a real
-    model sets learner.num_threads itself (conf/experiment/smollm2_chain_sum.yaml: 46 s -> 31 s).
-    OMP_NUM_THREADS, when set, is the budget: joblib's loky workers get cores // n_jobs that way, so
-    parallel sweep jobs do not oversubscribe the machine either."""
-    cores = int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 2
-    competing = ROLLOUT_ENGINES.fact(cfg.rollout.engine, "own_process") or cfg.trainer.max_staleness > 0
-    return max(1, cores // 2) if competing else cores
-
-
 def check_context(cfg: DictConfig, task, tokenizer) -> None:
     """The longest prompt plus rollout.max_new_tokens must fit the engine's context: checked on the
     tokenized prompts before any engine starts, not as a failure inside it."""
@@ -150,12 +110,8 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
 
 
 def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
-    torch.manual_seed(cfg.seed)
-    n_learner = set_cpu_threads(cfg.learner.num_threads or learner_threads(cfg))
-    device = resolve_device(cfg.learner.device)
-    task = build_task(cfg.task)
-    policy_dir, warm = build_policy(cfg, task, device)
-    tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(policy_dir)), cfg.task)
+    start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
+    task, tokenizer, device, policy_dir = start.task, start.tokenizer, start.device, start.policy_dir
     check_context(cfg, task, tokenizer)
     a, t = cfg.algorithm, cfg.trainer
     objective = OBJECTIVES.get(a.objective)
@@ -168,7 +124,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
         learner.load_state(resume_from / "policy", state["learner"])
     if device.type == "cuda":   # vLLM checks free GPU memory at start; the warm-up's cached blocks would count
         torch.cuda.empty_cache()
-    placement = plan_placement(t.get("cpu_placement", "auto"), overlapped=t.max_staleness > 0, n_learner=n_learner,
+    placement = plan_placement(t.get("cpu_placement", "auto"), overlapped=t.max_staleness > 0, n_learner=start.threads,
                                engine_own_process=ROLLOUT_ENGINES.fact(cfg.rollout.engine, "own_process"),
                                engine_on_cpu=not torch.cuda.is_available(),
                                spawns_engine=TRAINER_BACKENDS.fact(t.backend, "spawns_engine"),
@@ -191,7 +147,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
             step, samples, bad_steps, before = state["step"], state["samples"], state["bad_steps"], state["before"]
         else:
             before = evaluate_and_log_samples(engine, tokenizer, eval_items, cfg, recorder, step=0)
-            recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
+            log_initial_eval(recorder, start, before)
             step = samples = bad_steps = 0
         progress = ProgressLine(total=t.total_steps, desc=cfg.run_name, start=step)
         last_eval = before
@@ -258,7 +214,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
         if t.save_checkpoint:
             learner.save(recorder.run_dir / "checkpoints" / "final", tokenizer)
         learner.close()   # fsdp2: releases the other ranks (only after success; on failure torchrun ends them)
-        return {"before": before, "after": after, "warmup": {k: v for k, v in warm.items() if k != "history"}}
+        return {"before": before, "after": after, "warmup": start.warmup_summary, "learner_threads": start.threads}
     finally:
         pipeline.close()
         engine.close()
@@ -311,15 +267,11 @@ def run(cfg: DictConfig) -> float:
             record_failure(run_dir, cfg, overrides=overrides, error=err)
         raise
     state = checkpoint.load(resume_from)["recorder"] if resume_from else None
-    recorder = RunRecorder(run_dir, cfg, overrides=overrides, sweep=Path(hc.sweep.dir).name if multirun else None,
-                           swept_keys=[o.split("=", 1)[0] for o in overrides if "=" in o], resume=state)
-    try:
-        result = train(cfg, recorder, resume_from)
-    except BaseException as err:
-        recorder.finish(status="failed", error=err)
-        raise
-    recorder.finish(status="completed", extra={"warmup": result["warmup"],
-                                               "resumed_from": str(resume_from) if resume_from else None})
+    recorder = open_recorder(run_dir, cfg, overrides, sweep=Path(hc.sweep.dir).name if multirun else None,
+                             resume=state)
+    result = record_outcome(recorder, lambda: train(cfg, recorder, resume_from),
+                            lambda r: {"warmup": r["warmup"], "learner_threads": r["learner_threads"],
+                                       "resumed_from": str(resume_from) if resume_from else None})
     print_before_after(result, recorder.run_dir)
     return float(result["after"]["eval/accuracy"])
 

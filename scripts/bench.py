@@ -13,8 +13,8 @@ so a slow patch of this shared 2-core machine does not land on one side only):
                policy-gradient loss, backward per micro-batch, AdamW step) on the same sequences
                (a real rollout of the start model), micro-batch and torch threads.
 3. sync      — the weight push, old protocol (pickled tensors) vs the new one, and its share of
-               the step; the step is rollout + learner + new push measured here (rewards ~5 ms,
-               issue 10, left out).
+               the step; the step is rollout + learner + new push measured here (the rewards, a
+               few ms, left out).
 4. overlap   — whole-loop step time with trainer.max_staleness=0 vs 1 (median perf/step_time_s
                of `python -m grpo_lab.train` runs), when the key exists; and max_staleness=1 with
                the engine in a child process (trainer.backend=engine_process) and, with ray
@@ -114,12 +114,13 @@ def bench_shared_learner(overrides: list[str], policy_dir: Path, task, reps: int
     from transformers import AutoTokenizer
 
     from grpo_lab.learner.batch import encode_prompt
-    from grpo_lab.learner.learner import Learner, set_cpu_threads
+    from grpo_lab.learner.learner import Learner
     from grpo_lab.rollout import make_engine
+    from grpo_lab.run_setup import set_learner_threads
 
     cfgs = {k: compose([*overrides, f"learner.shared_prompt_forward={k == 'on'}"]) for k in ("on", "off")}
     cfg = cfgs["on"]
-    threads = set_cpu_threads(cfg.learner.num_threads)
+    threads = set_learner_threads(cfg)   # the trainer's own thread rule
     tok = AutoTokenizer.from_pretrained(str(policy_dir))
     r = cfg.rollout
     prompts = [encode_prompt(tok, it.prompt) for it in task.splits["train"][:cfg.trainer.prompts_per_step]]
@@ -145,10 +146,11 @@ def bench_phases(cfg, policy_dir: Path, task, reps: int) -> dict:
 
     from bench_sync import measure_sync
     from grpo_lab.learner.batch import collate, encode_prompt
-    from grpo_lab.learner.learner import Learner, set_cpu_threads
+    from grpo_lab.learner.learner import Learner
     from grpo_lab.rollout import make_engine
+    from grpo_lab.run_setup import set_learner_threads
 
-    threads = set_cpu_threads(cfg.learner.num_threads)
+    threads = set_learner_threads(cfg)   # the trainer's own thread rule
     tok = AutoTokenizer.from_pretrained(str(policy_dir))
     r, t = cfg.rollout, cfg.trainer
     G, max_new = int(r.group_size), int(r.max_new_tokens)
@@ -440,7 +442,7 @@ def main() -> None:
     import torch
 
     from grpo_lab.tasks import build_task
-    from grpo_lab.train import build_policy
+    from grpo_lab.run_setup import build_policy
 
     cfg = compose(args.overrides)
     task = build_task(cfg.task)

@@ -14,9 +14,10 @@ How it measures, and why:
   shared-memory file and the worker's mapping).
 * Before every push each tensor is bumped in place (`mul_(1.0)`: same values, new version
   counter), so change detection sees a full update and sends everything, as after a real AdamW step.
-* A SmolLM2 step is too slow to measure here in a benchmark (40–53 s, shared/ENVIRONMENT.md), so
-  the step time is an input: defaults are the measured medians of the default tiny run (0.44 s,
-  issue 10) and the lower end of SmolLM2's 40–53 s (ENVIRONMENT.md, which gives the largest share).
+* A SmolLM2 step is too slow to measure here in a benchmark, so the step time is an input
+  (--step-s; defaults in DEFAULT_STEP_S): the median step of the default tiny run with the vLLM
+  engine, and the lower end of a SmolLM2-135M step on 2 CPU cores (the lower end gives the
+  largest share).
   Those steps include the old push; the share of the new one is new / (step − old + new).
   `make bench` prints the same share from a step it measures itself (tiny model).
 """
@@ -35,8 +36,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 # Step times the share is computed against, and where they come from (module docstring).
-DEFAULT_STEP_S = {"tiny": (0.44, "issue 10: median step of the default run, vLLM engine"),
-                  "smollm2_135m": (40.0, "shared/ENVIRONMENT.md: SmolLM2 step 40–53 s (lower end)")}
+DEFAULT_STEP_S = {"tiny": (0.44, "default: median step of the default run, vLLM engine"),
+                  "smollm2_135m": (40.0, "default: SmolLM2 step on 2 CPU cores, 40–53 s (lower end)")}
 
 
 def model_dir(name: str) -> Path:
@@ -110,7 +111,7 @@ def bench_model(name: str, reps: int, bucket_mb: float) -> dict:
 
     path = model_dir(name)
     _, weights = learner_weights(path)
-    # The CPU build counts the weights inside this share of RAM; SmolLM2 needs 0.3 (ENVIRONMENT.md).
+    # The CPU build counts the weights inside this share of RAM; SmolLM2 needs 0.3.
     engine = VLLMEngine(path, gpu_memory_utilization=0.3 if name == "smollm2_135m" else 0.1, max_model_len=256, enforce_eager=True,
                         dtype="float32", seed=0, sync_timeout_s=600)
     try:

@@ -5,7 +5,8 @@ Pure functions: rewards / lengths / group ids in, tensors (or plain floats for s
 Choices the papers leave open:
 
 * ``informative_group_mask`` / ``group_stats`` call rewards "equal" within ``REWARD_ATOL`` (the
-  advantage estimators' own test, ``_utils.constant_groups``) so continuous rewards work; DAPO's dynamic sampling (sec. 3.2) is stated for exact 0/1 accuracy.
+  advantage estimators' own test, ``_utils.constant_groups``) so continuous rewards work; DAPO's
+  dynamic sampling (sec. 3.2) is stated for exact 0/1 accuracy.
 * ``group_stats``'s ``group_reward_std`` uses the unbiased std (as ``group_zscore``) and counts a
   size-1 group as std 0.
 * ``ema_reward_normalize`` is a descriptive trick, not a paper: EMA of the batch mean and the
@@ -52,15 +53,14 @@ def soft_overlong_penalty(
     return out * penalty
 
 
-def _constant_groups(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """-> (inverse [N], counts [G], group's rewards agree [G]) (``_utils.constant_groups``)."""
+def _grouped(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (rewards in their work dtype [N], inverse [N], counts [G]); both inputs must be [N]."""
     if rewards.dim() != 1 or rewards.shape != group_ids.shape:
         raise ValueError(
             f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}"
         )
-    r = rewards.to(work_dtype(rewards))
     inverse, counts = group_index(group_ids)
-    return inverse, counts, constant_groups(r, inverse, counts.numel())
+    return rewards.to(work_dtype(rewards)), inverse, counts
 
 
 def informative_group_mask(rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -72,8 +72,8 @@ def informative_group_mask(rewards: Tensor, group_ids: Tensor) -> Tensor:
 
     Shapes: rewards [N], group_ids [N] -> BoolTensor [N] (True = keep).
     """
-    inverse, _, constant = _constant_groups(rewards, group_ids)
-    return ~constant[inverse]
+    r, inverse, counts = _grouped(rewards, group_ids)
+    return ~constant_groups(r, inverse, counts.numel())[inverse]
 
 
 def group_stats(rewards: Tensor, group_ids: Tensor) -> dict[str, Tensor]:
@@ -83,8 +83,8 @@ def group_stats(rewards: Tensor, group_ids: Tensor) -> dict[str, Tensor]:
 
     Shapes: rewards [N], group_ids [N] -> dict of scalar tensors.
     """
-    inverse, counts, constant = _constant_groups(rewards, group_ids)
-    r = rewards.to(work_dtype(rewards))
+    r, inverse, counts = _grouped(rewards, group_ids)
+    constant = constant_groups(r, inverse, counts.numel())
     _, std = group_mean_std(r, inverse, counts)  # [G]; 0 for size 1 (0 / 1)
     return {
         "zero_adv_group_frac": constant.to(r.dtype).mean(),
@@ -100,12 +100,7 @@ def best_of_group_mask(rewards: Tensor, group_ids: Tensor) -> Tensor:
 
     Shapes: rewards [N], group_ids [N] -> BoolTensor [N].
     """
-    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be [N], got {tuple(rewards.shape)}, {tuple(group_ids.shape)}"
-        )
-    r = rewards.to(work_dtype(rewards))
-    inverse, counts = group_index(group_ids)
+    r, inverse, counts = _grouped(rewards, group_ids)
     g = counts.numel()
     _, hi = group_range(r, inverse, g)
     n = r.numel()

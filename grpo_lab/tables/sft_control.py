@@ -5,21 +5,23 @@ for a wall-time budget, then evaluate exactly as the RL runs do.
     (scripts/sft_control.py is the same command)
 
 Why: RL from a warm-up checkpoint beats the checkpoint, but the question a table must answer is
-whether it beats *spending the same compute on more SFT* (shared/ENVIRONMENT.md measured 38 s of
-SFT reaching 79 % where 38 s of GRPO reached 72 %). scripts/make_table.py runs this after a sweep,
-with the budget set to the mean time the matched RL runs spent in their steps.
+whether it beats *spending the same compute on more SFT* (tables/algorithms.md and tables/tasks.md
+hold the answer at this scale). scripts/make_table.py runs this after a sweep, with the budget set to
+the mean time the matched RL runs spent in their steps.
 
 What is the same as an RL run (the overrides after `--` are the RL runs' own):
-  - the starting point: grpo_lab.train.build_policy -> the same cached warm-up checkpoint (same
-    model, task, warm-up settings and seed give the same cache key);
+  - the start: grpo_lab.run_setup.start_run, the trainer's own set-up: the same seed, the same
+    number of learner threads (learner.num_threads, or the trainer's rule when null), the same
+    device and the same cached warm-up checkpoint (same model, task, warm-up settings and seed give
+    the same cache key);
   - the training loop: grpo_lab.learner.sft.sft_loop, the warm-up's own loop (task.splits["train"]
     worked solutions, loss on completion tokens only), stopped by wall time instead of accuracy;
-  - the evaluation: grpo_lab.evaluation.evaluate_held_out (greedy, and mean@k with trainer.eval_sampled_k;
-    trainer.eval_split, rollout.max_new_tokens)
-    with an HF engine sharing the trained weights, before, `--evals` times during, and after training;
-  - the record: grpo_lab.logging.recorder.RunRecorder writes config.yaml, metrics.jsonl and
-    summary.json in the trainer's format (and wandb when logger=wandb), so the report treats the
-    run as one more group.
+  - the evaluation: grpo_lab.evaluation.evaluate_held_out (greedy, and mean@k with
+    trainer.eval_sampled_k; trainer.eval_split, rollout.max_new_tokens) with an HF engine sharing
+    the trained weights, before, `--evals` times during, and after training;
+  - the record: grpo_lab.run_setup's recorder writes config.yaml, metrics.jsonl and summary.json
+    (with learner_threads) in the trainer's format (and wandb when logger=wandb), so the report
+    treats the run as one more group.
 What differs, on purpose: the optimiser is a fresh AdamW at the warm-up's lr and batch size
 (warmup.lr, warmup.batch_size): this is "more of the warm-up", not RL's lr. The budget counts only
 training time (evaluation excluded), as the RL side's sum of perf/step_time_s does. `samples` in
@@ -51,22 +53,15 @@ def compose_config(overrides: list[str]):
 def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     """Train for `wall_time_s` seconds of optimizer steps; log like the trainer; return before/after."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from grpo_lab.evaluation import evaluate_held_out
-    from grpo_lab.learner.learner import resolve_device, set_cpu_threads
     from grpo_lab.learner.sft import SFTProgress, sft_loop, shared_weights_engine
-    from grpo_lab.prompts import prepare_for_model
-    from grpo_lab.tasks import build_task
-    from grpo_lab.train import build_policy
+    from grpo_lab.run_setup import log_initial_eval, start_run
 
-    torch.manual_seed(cfg.seed)
-    set_cpu_threads(cfg.learner.num_threads)  # the same compute the RL learner gets
-    device = resolve_device(cfg.learner.device)
-    task = build_task(cfg.task)
-    policy_dir, warm = build_policy(cfg, task, device)
-    tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(policy_dir)), cfg.task)
-    model = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32).to(device)
+    start = start_run(cfg)   # the RL runs' seed, learner threads, device, warm-up checkpoint and tokenizer
+    task, tokenizer, device = start.task, start.tokenizer, start.device
+    model = AutoModelForCausalLM.from_pretrained(str(start.policy_dir), dtype=torch.float32).to(device)
     engine = shared_weights_engine(model, tokenizer)  # every evaluation sees the current weights
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warmup.lr)
     eval_items = task.splits[cfg.trainer.eval_split]
@@ -76,7 +71,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
             return evaluate_held_out(engine, tokenizer, eval_items, cfg, step=step)
 
     before = run_eval(0)
-    recorder.log({**before, "warmup/steps": warm.get("steps", 0)}, step=0, samples=0)
+    log_initial_eval(recorder, start, before)
     eval_at = [wall_time_s * k / (evals + 1) for k in range(1, evals + 1)]
 
     def on_step(p: SFTProgress) -> None:
@@ -92,7 +87,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     after = run_eval(last.step)
     recorder.log(after, step=last.step, samples=last.samples)
     return {"before": before, "after": after, "steps": last.step, "trained_s": last.trained_s,
-            "warmup": {k: v for k, v in warm.items() if k != "history"}}
+            "warmup": start.warmup_summary, "learner_threads": start.threads}
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m grpo_lab.tables.sft_control") -> int:
@@ -114,7 +109,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m grpo_lab.tables.s
     from omegaconf import OmegaConf
 
     from grpo_lab.config import validate
-    from grpo_lab.logging.recorder import RunRecorder
+    from grpo_lab.run_setup import open_recorder, record_outcome
 
     # `+variant=...` labels the row for make_table's grouping; it is recorded, not composed.
     labels = [o for o in overrides if o.lstrip("+").startswith("variant=")]
@@ -126,14 +121,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m grpo_lab.tables.s
     cfg.sft_control = {"wall_time_s": args.wall_time, "lr": cfg.warmup.lr, "batch_size": cfg.warmup.batch_size,
                        "evals": args.evals, "note": "continued SFT from the warm-up checkpoint (scripts/sft_control.py)"}
     OmegaConf.set_struct(cfg, True)
-    recorder = RunRecorder(args.run_dir, cfg, overrides=overrides, sweep=None,
-                           swept_keys=[o.split("=", 1)[0] for o in overrides if "=" in o])
-    try:
-        result = sft_control(cfg, recorder, wall_time_s=args.wall_time, evals=args.evals)
-    except BaseException as err:
-        recorder.finish(status="failed", error=err)
-        raise
-    recorder.finish(status="completed", extra={"warmup": result["warmup"], "trained_s": result["trained_s"]})
+    recorder = open_recorder(args.run_dir, cfg, overrides)
+    result = record_outcome(
+        recorder, lambda: sft_control(cfg, recorder, wall_time_s=args.wall_time, evals=args.evals),
+        lambda r: {"warmup": r["warmup"], "trained_s": r["trained_s"], "learner_threads": r["learner_threads"]})
     b, a = result["before"]["eval/accuracy"], result["after"]["eval/accuracy"]
     print(f"SFT control: {result['steps']} steps in {result['trained_s']:.1f} s; held-out accuracy "
           f"{b:.1%} -> {a:.1%} ({100 * (a - b):+.1f} points); run: {args.run_dir}")

@@ -1,0 +1,120 @@
+"""What a run does before its loop, and how it records its outcome: one implementation for the RL
+trainer (grpo_lab.train) and the matched-compute SFT control (grpo_lab.tables.sft_control).
+
+The control answers "does RL beat spending the same compute on more SFT?" only if it starts where the
+RL runs start and computes with what their learner computes with. Both therefore begin with
+`start_run`: the same seed, the same learner thread count (`learner_threads`, the trainer's rule for
+learner.num_threads=null), the same device, task, cached model + warm-up checkpoint and tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoTokenizer
+
+from grpo_lab.learner.learner import resolve_device, set_cpu_threads
+from grpo_lab.learner.sft import cache_key, warmup_sft
+from grpo_lab.logging.recorder import RunRecorder
+from grpo_lab.models import MODEL_BUILDERS
+from grpo_lab.prompts import prepare_for_model
+from grpo_lab.rollout import ROLLOUT_ENGINES
+from grpo_lab.tasks import build_task
+
+
+def learner_threads(cfg: DictConfig) -> int:
+    """CPU threads for the learner when learner.num_threads is null: half the cores when something else
+    computes at the same time (an engine in its own process, or sampling ahead in a thread), else all
+    of them, since oversubscribed OpenMP threads spin against each other. vLLM's engine counts even in
+    the synchronous loop: with sub-second phases its idle threads still compete; with phases of tens of
+    seconds they do not, so a recipe for a real model sets learner.num_threads itself
+    (conf/experiment/smollm2_chain_sum.yaml). OMP_NUM_THREADS, when set, is the budget: joblib's loky
+    workers get cores // n_jobs that way, so parallel sweep jobs do not oversubscribe the machine."""
+    cores = int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 2
+    competing = ROLLOUT_ENGINES.fact(cfg.rollout.engine, "own_process") or cfg.trainer.max_staleness > 0
+    return max(1, cores // 2) if competing else cores
+
+
+def set_learner_threads(cfg: DictConfig) -> int:
+    """Set torch's intra-op threads to the learner's count (learner.num_threads, or `learner_threads`
+    when null); returns it."""
+    return set_cpu_threads(cfg.learner.num_threads or learner_threads(cfg))
+
+
+def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dict]:
+    """Model built from config (cached), then supervised warm-up (cached): the RL starting point."""
+    cache = Path(cfg.cache_dir)
+    model_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if v is not None}
+    builder = model_kwargs.pop("builder")
+    alphabet = task.alphabet()
+    # A converted pretrained model is cached once per model; a from-scratch one per alphabet and seed.
+    per_task = MODEL_BUILDERS.fact(builder, "per_task")
+    base_dir = cache / "models" / (cache_key(cfg.model, alphabet, cfg.seed) if per_task else cache_key(cfg.model))
+    base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed, **model_kwargs))
+    # Before the warm-up formats its targets: a chat model reads answers in its own style.
+    prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
+    if cfg.warmup.max_steps == 0:
+        return base_dir, {"skipped": True}
+    warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed)
+    stats = warmup_sft(base_dir, warm_dir, task, cfg.warmup, max_new_tokens=cfg.rollout.max_new_tokens,
+                       seed=cfg.seed, device=device)
+    return warm_dir, stats
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where a run starts: its learner's threads and device, the task, the policy checkpoint (the
+    warm-up's, or the built model when warm-up is off) with its warm-up stats, and the tokenizer."""
+    threads: int
+    device: torch.device
+    task: object
+    policy_dir: Path
+    warmup: dict
+    tokenizer: object
+
+    @property
+    def warmup_summary(self) -> dict:
+        """The warm-up stats for summary.json (without the per-evaluation history)."""
+        return {k: v for k, v in self.warmup.items() if k != "history"}
+
+
+def start_run(cfg: DictConfig) -> RunStart:
+    """Seed torch, set the learner's threads, resolve the device, build the task and the starting
+    policy (both cached), and load its tokenizer prepared for the task."""
+    torch.manual_seed(cfg.seed)
+    threads = set_learner_threads(cfg)
+    device = resolve_device(cfg.learner.device)
+    task = build_task(cfg.task)
+    policy_dir, warm = build_policy(cfg, task, device)
+    tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(policy_dir)), cfg.task)
+    return RunStart(threads=threads, device=device, task=task, policy_dir=policy_dir, warmup=warm,
+                    tokenizer=tokenizer)
+
+
+def log_initial_eval(recorder: RunRecorder, start: RunStart, before: dict) -> None:
+    """Step 0 of metrics.jsonl: the evaluation before training and the warm-up's step count."""
+    recorder.log({**before, "warmup/steps": start.warmup.get("steps", 0)}, step=0, samples=0)
+
+
+def open_recorder(run_dir: Path, cfg: DictConfig, overrides: list[str], *, sweep: str | None = None,
+                  resume: dict | None = None) -> RunRecorder:
+    """The run's recorder; every `key=value` override counts as a swept key (the report's columns)."""
+    return RunRecorder(run_dir, cfg, overrides=overrides, sweep=sweep,
+                       swept_keys=[o.split("=", 1)[0] for o in overrides if "=" in o], resume=resume)
+
+
+def record_outcome(recorder: RunRecorder, run: Callable[[], dict], summary: Callable[[dict], dict]) -> dict:
+    """`run()`'s result. summary.json says "failed" with the error when it raises (re-raised, Ctrl-C
+    included), else "completed" with the fields `summary(result)` gives."""
+    try:
+        result = run()
+    except BaseException as err:
+        recorder.finish(status="failed", error=err)
+        raise
+    recorder.finish(status="completed", extra=summary(result))
+    return result
