@@ -1,12 +1,13 @@
-"""The README's list of committed tables, generated from the tables themselves (never written by hand).
+"""The lab notebook's list of committed tables (tables/README.md), generated from the tables themselves.
 
-    python -m grpo_lab.tables.readme            # rewrite the block in README.md (make readme-tables)
-    python -m grpo_lab.tables.readme --check    # exit 1 when README.md is out of date (what the test asks)
+    python -m grpo_lab.tables.readme            # rewrite the block in tables/README.md (make readme-tables)
+    python -m grpo_lab.tables.readme --check    # exit 1 when tables/README.md is out of date (what the test asks)
 
 Each row comes from `tables/<name>.md` (title, command, wall time of every launch, the computed "Best
-mean final accuracy" sentence of every block) and `tables/<name>_findings.json` (every row's
-mean final accuracy, the widest paired-difference half-width, the seeds run and the seeds it would take
-to bring it to ±2.5 pp), so the README says exactly what the table files say. `scripts/make_table.py` refreshes the block after writing a
+mean final accuracy" sentence of every block) and `tables/<name>_findings.json` (every row's mean final
+accuracy, the widest paired-difference half-width, the seeds run and the seeds it would take to bring it
+to ±2.5 pp), so the notebook says exactly what the table files say. The notebook sits beside the tables,
+so each row links to its table file by name. `scripts/make_table.py` refreshes the block after writing a
 table into the project's tables/ directory.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 BEGIN = "<!-- tables:begin: generated from tables/*.md by `make readme-tables`; do not edit by hand -->"
 END = "<!-- tables:end -->"
+NOTEBOOK = "README.md"   # the lab notebook in tables/, which holds the block
 
 
 def _short(row: str, block: str) -> str:
@@ -67,29 +69,30 @@ def table_row(md: Path) -> str | None:
         if best(name):
             finding.append(lead(name) + best(name))
     wall = (f"{sum(walls):.1f} min" + (f" in {len(walls)} launches" if len(walls) > 1 else "")) if walls else "?"
-    return (f"| [{md.stem}](tables/{md.name}) | {title} | `{command.group(1) if command else '?'}` | {wall} | "
+    return (f"| [{md.stem}]({md.name}) | {title} | `{command.group(1) if command else '?'}` | {wall} | "
             f"{'; '.join(means)} % | {'; '.join(widths) or '–'} | {' '.join(finding)} |")
 
 
 def render(tables_dir: Path) -> str:
-    rows = [r for r in (table_row(md) for md in sorted(tables_dir.glob("*.md"))) if r]
+    tables = sorted(md for md in tables_dir.glob("*.md") if md.name != NOTEBOOK)   # not the notebook itself
+    rows = [r for r in (table_row(md) for md in tables) if r]
     return "\n".join([BEGIN, "", "| table | what | command | wall time | final greedy accuracy per row (mean over seeds) "
                       "| widest paired Δ 95 % half-width vs the baseline (seeds run; seeds for ±2.5 pp) "
                       "| finding (computed, with its interval) |", "|---|---|---|---|---|---|---|", *rows, "", END])
 
 
 def updated(readme_text: str, tables_dir: Path) -> str:
-    """README text with the block between BEGIN and END replaced by `render(tables_dir)`."""
+    """The notebook's text with the block between BEGIN and END replaced by `render(tables_dir)`."""
     start, end = readme_text.find(BEGIN), readme_text.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README has no generated tables block: put the lines\n{BEGIN}\n{END}\nwhere it belongs")
+        raise ValueError(f"the notebook has no generated tables block: put the lines\n{BEGIN}\n{END}\nwhere it belongs")
     return readme_text[:start] + render(tables_dir) + readme_text[end + len(END):]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--check", action="store_true", help="exit 1 if README.md is not what the tables say")
-    p.add_argument("--readme", type=Path, default=REPO / "README.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if the notebook is not what the tables say")
+    p.add_argument("--readme", type=Path, default=REPO / "tables" / NOTEBOOK)
     p.add_argument("--tables", type=Path, default=REPO / "tables")
     args = p.parse_args(argv)
     old = args.readme.read_text()
