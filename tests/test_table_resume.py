@@ -92,6 +92,16 @@ def test_an_owner_is_alive_only_while_its_process_is(tmp_path):
     assert not state.alive({**me, "start_ticks": (me["start_ticks"] or 0) + 1})    # the pid was given again
     assert state.alive({**me, "host": "another-host"})      # a cluster node's job cannot be checked from here
     assert not state.alive(None)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    owner = state.process_identity(child.pid)
+    assert state.alive(owner)
+    child.kill()
+    deadline = time.time() + 30
+    while state.alive(owner):   # killed and not reaped yet: a zombie runs nothing
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert Path(f"/proc/{child.pid}").exists()
+    child.wait()
 
 
 def test_the_run_owner_callback_marks_a_job_while_it_runs(tmp_path):
@@ -193,6 +203,9 @@ def test_a_killed_table_continues_to_the_same_table(warm_cache, tmp_path):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)          # the launcher, the multirun and the job: the machine stopped
     proc.communicate()
+    while state.run_state(second).state == state.RUNNING:   # until the kill has reached the job's process
+        assert time.time() < deadline
+        time.sleep(0.05)
     stopped = state.run_state(second)
     assert stopped.state == state.INTERRUPTED and stopped.resumable_step < 5
     finished_at = (first / "summary.json").stat().st_mtime_ns

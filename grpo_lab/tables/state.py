@@ -45,14 +45,21 @@ def _boot_id() -> str | None:
         return None
 
 
-def _start_ticks(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22), so that a pid
-    the system gave to another process later is not taken for the owner."""
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time) of process `pid` from /proc/<pid>/stat (fields 3 and 22; the start in clock
+    ticks since boot), or None where there is no /proc entry."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    return fields[0], int(fields[19])
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started, so that a pid the system gave to another process later is not taken
+    for the owner."""
+    stat = _proc_stat(pid)
+    return stat[1] if stat else None
 
 
 def process_identity(pid: int | None = None) -> dict:
@@ -77,8 +84,13 @@ def alive(identity: dict | None) -> bool:
         return False
     except PermissionError:   # another user's process: it exists
         pass
+    stat = _proc_stat(int(identity["pid"]))
+    if stat is None:
+        return True   # no /proc to look closer: os.kill found it
+    # A killed process whose parent died stays a zombie until something reaps it (a container's first
+    # process may never): it exists for os.kill, but it runs nothing.
     recorded = identity.get("start_ticks")
-    return recorded is None or _start_ticks(int(identity["pid"])) in (None, recorded)
+    return stat[0] not in ("Z", "X") and (recorded is None or stat[1] == recorded)
 
 
 def write_owner(run_dir: Path, pid: int | None = None) -> None:
