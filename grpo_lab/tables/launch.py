@@ -158,9 +158,8 @@ def merge_added_launch(previous: dict, added: dict, invocation: str, what: str, 
     return merged
 
 
-def run_logged(cmd: list[str], log: Path, env: dict[str, str], owns: Path | None = None) -> int:
-    """Run `cmd`, streaming its output to the console and to `log`; `owns`: a run directory the process
-    owns while it runs (its owner.json, grpo_lab/tables/state.py)."""
+def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
+    """Run `cmd`, streaming its output to the console and to `log`."""
     full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true",
                 "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", **env}
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -168,17 +167,12 @@ def run_logged(cmd: list[str], log: Path, env: dict[str, str], owns: Path | None
         f.write(("$ " + shlex.join(cmd) + "\n").encode())
         f.flush()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if owns is not None:
-            state.write_owner(owns, proc.pid)
         assert proc.stdout is not None
         for chunk in iter(lambda: proc.stdout.read1(65536), b""):
             f.write(chunk)
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
-        code = proc.wait()
-        if owns is not None:
-            (owns / state.OWNER_FILE).unlink(missing_ok=True)
-        return code
+        return proc.wait()
 
 
 # Config groups a warm-up checkpoint is built from (train.build_policy: cache_key(model, task, warmup, ...,
@@ -285,11 +279,12 @@ def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] =
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(run_dir), str(dest))
         overrides = [f"+{VARIANT_GROUP}=sft_control", *base, *block, f"seed={seed}", f"logger.group={plan.group}"]
-        cmds.append([sys.executable, "-m", "grpo_lab.tables.sft_control", "--wall-time", f"{wall_time:.3f}",
-                     "--evals", str(sft.evals), "--run-dir", str(run_dir), "--", *overrides])
+        # owned_command: owner.json names the control's process while it runs (make table-status).
+        cmds.append([*state.owned_command(run_dir), sys.executable, "-m", "grpo_lab.tables.sft_control",
+                     "--wall-time", f"{wall_time:.3f}", "--evals", str(sft.evals), "--run-dir", str(run_dir), "--",
+                     *overrides])
     with ThreadPoolExecutor(max_workers=parallel_jobs(plan)) as pool:
-        codes = list(pool.map(lambda job: run_logged(job[0], log, plan.env, owns=job[1]),
-                              zip(cmds, [d for _, d in runs])))
+        codes = list(pool.map(lambda cmd: run_logged(cmd, log, plan.env), cmds))
     return {seed: code for (seed, _), code in zip(runs, codes)}
 
 

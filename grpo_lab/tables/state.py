@@ -11,7 +11,7 @@ so nothing here trusts memory of a previous process. Each run's state is decided
     to do        no directory, or one without a record of the run (Hydra made it, the trainer never started)
 
 owner.json is written by `RunOwner`, a Hydra callback every table job runs with, when the job starts,
-and removed when it ends; the launcher writes it for the processes it starts itself (SFT controls).
+and removed when it ends; the SFT controls start through `owned_command`, which writes it.
 <runs dir>/table_launch.json is the launch in progress: its jobs, their directories, its attempts. It
 exists from before the first job starts until the table is built, so a re-run of the same command
 finds it and continues the launch instead of starting another.
@@ -25,6 +25,7 @@ import math
 import os
 import socket
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,12 @@ def alive(identity: dict | None) -> bool:
 def write_owner(run_dir: Path, pid: int | None = None) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / OWNER_FILE).write_text(json.dumps(process_identity(pid)))
+
+
+def owned_command(run_dir: Path) -> list[str]:
+    """The prefix that runs a command as the owner of `run_dir`: this module writes owner.json with its
+    own pid, then becomes the command (exec keeps the pid and its start time)."""
+    return [sys.executable, "-m", "grpo_lab.tables.state", str(run_dir)]
 
 
 class RunOwner(Callback):
@@ -295,3 +302,8 @@ def status_text(runs_dir: Path, name: str, planned_jobs: int) -> str:
     lines.append(f"  {counts}; time left ≈ {_minutes(total)}" + (f" at {parallel} jobs at once" if parallel > 1 else "")
                  + (f" (+ {len(unknown)} runs without an estimate yet)" if unknown else ""))
     return "\n".join(lines)
+
+
+if __name__ == "__main__":   # owned_command: python -m grpo_lab.tables.state <run dir> <command...>
+    write_owner(Path(sys.argv[1]))
+    os.execv(sys.argv[2], sys.argv[2:])
