@@ -145,6 +145,9 @@ def test_every_job_resumes_and_records_its_owner_and_launches_compare_without_th
     assert f"logger.group={record['group']}" in again.command
     other = make_plan(load_spec(tiny_spec(tmp_path)), runs_root=tmp_path / "runs", extra=["trainer.total_steps=6"])
     assert not same_launch(record, other, added=False)
+    edited = load_spec(tiny_spec(tmp_path))
+    edited.variants[1].overrides = ["algorithm.clip_low=0.15"]      # the yaml changed between the attempts
+    assert not same_launch(record, make_plan(edited, runs_root=tmp_path / "runs"), added=False)
 
 
 def test_status_lists_every_planned_run_and_a_second_launch_waits_for_a_live_one(tmp_path):

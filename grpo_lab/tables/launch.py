@@ -347,14 +347,20 @@ def new_launch(plan: Plan, invocation: str, added_what: str | None = None, previ
             "parallel_jobs": parallel_jobs(plan),
             "jobs": [{"overrides": [*job, f"logger.group={plan.group}"], "dir": d.relative_to(plan.runs_dir).as_posix()}
                      for job, d in zip(plan.jobs(), plan.run_dirs)],
-            "sft_controls": sft, "previous_meta": previous_meta, "attempts": []}
+            "sft_controls": sft, "variants": variant_contents(plan), "previous_meta": previous_meta, "attempts": []}
+
+
+def variant_contents(plan: Plan) -> dict[str, list[str]]:
+    """Each variant's overrides: what its config file holds, which the multirun command only names."""
+    return {v.name: overrides for v, overrides in plan.variants}
 
 
 def same_launch(record: dict, plan: Plan, added: bool) -> bool:
-    """Whether `plan` runs the jobs of the stopped launch `record` (how they are launched aside); `added`:
-    the plan adds to a table (--add-seeds, --add-rows), as the stopped launch must have."""
+    """Whether `plan` runs the jobs of the stopped launch `record` (how they are launched aside), its
+    variants' overrides included (an edited table yaml makes other jobs); `added`: the plan adds to a
+    table (--add-seeds, --add-rows), as the stopped launch must have."""
     return (jobs_but_seeds(record["command"]) == jobs_but_seeds(plan.command) and record["seeds"] == plan.seeds
-            and bool(record.get("run_dir_prefix")) == added)
+            and record.get("variants") == variant_contents(plan) and bool(record.get("run_dir_prefix")) == added)
 
 
 def job_command(plan: Plan, job: dict) -> list[str]:
