@@ -24,8 +24,10 @@ writing anything.
 A launch that was stopped (killed, the machine switched off) continues when the same command runs
 again: finished runs are kept, interrupted ones resume from their newest checkpoint (every job runs
 with trainer.resume=auto and the table's `checkpoint_every`), the others start; each run's state is
-read from its directory (grpo_lab/tables/state.py). A launch of other jobs moves the stopped one aside. The header states the command, the machine, the date and the wall time, what the
-paper found and what we found, computed from the runs (grpo_lab/tables/findings.py).
+read from its directory (grpo_lab/tables/state.py), and `--status` prints it. A launch of other jobs,
+or one after the table was built, moves the earlier runs aside. The header states the command, the
+machine, the date and the wall time (summed over a stopped launch's attempts), what the paper found
+and what we found, computed from the runs (grpo_lab/tables/findings.py).
 This file is the command line only; the library is grpo_lab/tables/.
 """
 

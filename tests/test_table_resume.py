@@ -177,8 +177,9 @@ def test_status_lists_every_planned_run_and_a_second_launch_waits_for_a_live_one
 
 def _table(tmp_path: Path, root: str, cache: Path, **kw) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "scripts/make_table.py", str(tiny_spec(tmp_path)), "--runs-root", str(tmp_path / root / "runs"),
-         "--tables-root", str(tmp_path / root / "tables"), "--", f"cache_dir={cache}"],
+        [sys.executable, "scripts/make_table.py", str(tiny_spec(tmp_path)),
+         "--runs-root", str(tmp_path / root / "runs"), "--tables-root", str(tmp_path / root / "tables"),
+         "--", f"cache_dir={cache}"],
         cwd=REPO, env={**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, **kw)
 
@@ -235,3 +236,41 @@ def test_a_killed_table_continues_to_the_same_table(warm_cache, tmp_path):
     assert len(meta["attempts"]) == 2 and "over 2 attempts (stopped and continued)" in meta["date"]
     assert meta["run_times"]["1_b_s0"]["resumed"] and meta["run_times"]["1_b_s0"]["compute_time_s"] > 0
     assert not (runs / state.LAUNCH_FILE).exists()
+
+
+def test_a_continued_launch_runs_only_what_did_not_finish(tmp_path, monkeypatch):
+    """Finished and failed runs are kept; an interrupted run resumes in its directory; one stopped before
+    its first checkpoint moves to the archive and starts over; one never started starts. Each job runs
+    as a multirun of its own into the directory the launch gave it, as many at once as the launch ran."""
+    from grpo_lab.tables import launch
+
+    spec = TINY_TABLE | {"variants": [{"name": n, "overrides": [f"algorithm.clip_low=0.{i + 1}"]}
+                                      for i, n in enumerate("abcde")]}
+    path = tmp_path / "five.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    plan = make_plan(load_spec(path), runs_root=tmp_path / "runs", launcher="joblib", jobs=2)
+    preflight(plan)
+    record = new_launch(plan, "python scripts/make_table.py five")
+    record["attempts"].append({**state.process_identity(), "invocation": "again", "started_ts": time.time()})
+    done, failed, killed, early, todo = plan.run_dirs
+    write_run(done, status="completed", steps=5)
+    write_run(failed, status="failed", error="NonFiniteError: NaN", steps=2)
+    write_run(killed, steps=3, checkpoint=3)
+    write_run(early, steps=1)
+    ran = []
+    monkeypatch.setattr(launch, "run_logged", lambda cmd, log, env: ran.append(cmd) or 0)
+    monkeypatch.setattr(launch, "prewarm", lambda plan, log, attempt: ran.append(["prewarm", attempt]) or 0)
+    notes = []
+    assert launch.continue_jobs(plan, record, tmp_path / "log", notes) == 0
+    assert ran[0] == ["prewarm", 1]
+    subdirs = [next(c for c in cmd if c.startswith("hydra.sweep.subdir=")) for cmd in ran[1:]]
+    assert subdirs == [f"hydra.sweep.subdir={d.name}" for d in (killed, early, todo)]
+    job = record["jobs"][2]
+    assert all(o in ran[1] for o in job["overrides"]) and OWNER_CALLBACK in ran[1]
+    assert not any(o.startswith("hydra/launcher=") for o in ran[1])     # one job needs no joblib workers
+    assert not early.exists()
+    assert list((tmp_path / "runs" / "_archive").glob(f"five-partial-*/{early.name}/metrics.jsonl"))
+    assert killed.exists() and done.exists() and failed.exists()
+    assert ("1 finished runs kept, 1 resumed from their newest checkpoint, 1 started over (stopped before their "
+            "first checkpoint; moved to _archive/five-partial-") in notes[0]
+    assert "1 started; 1 failed runs kept" in notes[0]

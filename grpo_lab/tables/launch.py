@@ -379,7 +379,8 @@ def job_command(plan: Plan, job: dict) -> list[str]:
 def move_partial(run_dir: Path, plan: Plan, stamp: str) -> Path:
     """Move a run stopped before its first checkpoint to outputs/.../_archive (it starts over; nothing is
     deleted, and its lines never mix with the new attempt's)."""
-    dest = plan.runs_dir.parent / "_archive" / f"{plan.runs_dir.name}-partial-{stamp}" / run_dir.relative_to(plan.runs_dir)
+    archive = plan.runs_dir.parent / "_archive" / f"{plan.runs_dir.name}-partial-{stamp}"
+    dest = archive / run_dir.relative_to(plan.runs_dir)
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(run_dir), str(dest))
     return dest
@@ -416,8 +417,9 @@ def continue_jobs(plan: Plan, record: dict, log: Path, launch_notes: list[str]) 
     launch_notes.append(
         f"attempt {len(record['attempts'])} (`{attempt['invocation']}`, {attempt['started'][:16].replace('T', ' ')}) "
         f"continued the stopped launch: {counts['kept']} finished runs kept, {counts['resumed']} resumed from "
-        f"their newest checkpoint, {counts['restarted']} started over (stopped before their first checkpoint; "
-        f"moved to _archive/{plan.runs_dir.name}-partial-{stamp}), {counts['started']} started"
+        f"their newest checkpoint, {counts['restarted']} started over"
+        + (f" (stopped before their first checkpoint; moved to _archive/{plan.runs_dir.name}-partial-{stamp})"
+           if counts["restarted"] else "") + f", {counts['started']} started"
         + (f"; {counts['failed']} failed runs kept (move a directory away to run it again)" if counts["failed"] else "")
         + (f"; exit codes {sorted(set(codes))}" if any(codes) else ""))
     return max(codes, default=0)
@@ -483,6 +485,7 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str], re
     (plan.runs_dir / "table_meta.json").write_text(json.dumps(
         {**header, "launch_notes": launch_notes, "wall_time_s": wall_s, "jobs": n_jobs, "exit_code": rc,
          "launch_command": plan.command, "seeds": plan.seeds,
-         "attempts": [{k: a[k] for k in ("invocation", "started", "started_ts", "ended_ts")} for a in record["attempts"]]},
+         "attempts": [{k: a[k] for k in ("invocation", "started", "started_ts", "ended_ts")}
+                      for a in record["attempts"]]},
         indent=2))
     return rc, wall_s

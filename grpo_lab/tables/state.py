@@ -299,7 +299,8 @@ def status_text(runs_dir: Path, name: str, planned_jobs: int) -> str:
     parallel = max(1, int((record or {}).get("parallel_jobs") or 1))
     unknown = [p for p, v in left.items() if v is None]
     total = math.fsum(v for v in left.values() if v is not None) / parallel
-    lines.append(f"  {counts}; time left ≈ {_minutes(total)}" + (f" at {parallel} jobs at once" if parallel > 1 else "")
+    lines.append(f"  {counts}; time left ≈ {_minutes(total)}"
+                 + (f" at {parallel} jobs at once" if parallel > 1 else "")
                  + (f" (+ {len(unknown)} runs without an estimate yet)" if unknown else ""))
     return "\n".join(lines)
 
