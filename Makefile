@@ -57,7 +57,13 @@ bench-algorithms: venv ## Peak memory and step time of ppo (with critic) vs grpo
 # Paper tables (scripts/make_table.py, conf/table/<name>.yaml): runs under outputs/tables/<name>,
 # table in tables/<name>.md|csv|png. SMOKE=1: one seed, two steps (outputs/smoke/). LAUNCHER=joblib
 # JOBS=2: parallel jobs. SCALE=full: the conf/experiment GPU recipe. ARGS: e.g. --report-only.
-.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 readme-tables
+# A table stopped mid-way (killed, machine off) continues when its command runs again: finished runs
+# are kept, interrupted ones resume from their newest checkpoint (the table's checkpoint_every).
+.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-status readme-tables
+
+table-status: venv ## Each run of a table: done / running / interrupted / failed / to do, and the time left: make table-status NAME=dapo [SMOKE=1]
+	@test -n "$(NAME)" || { echo "usage: make table-status NAME=<table in conf/table> [SMOKE=1]"; exit 2; }
+	@$(PY) scripts/make_table.py $(NAME) --status $(ARGS)
 
 table-group-size: venv ## Table: GRPO group size G in {2,4,8,16} at a fixed budget of generated samples
 	$(PY) scripts/make_table.py group_size $(ARGS)

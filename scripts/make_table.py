@@ -9,6 +9,7 @@
     python scripts/make_table.py clip --add-rows -- algorithm.epochs=4   # rows a first launch's extras left out
     python scripts/make_table.py tasks --sft-only       # run the SFT controls a launch did not complete
     python scripts/make_table.py dapo --dry-run         # print the command, launch nothing
+    python scripts/make_table.py dapo --status          # each run: done / running / interrupted / to do, time left
     python scripts/make_table.py dapo --scale full      # the paper-scale recipe (conf/experiment/...)
     python scripts/make_table.py dapo -- cache_dir=/tmp/c   # extra overrides for every job
 
@@ -18,8 +19,15 @@ swept as `+variant=a,b,c` (grpo_lab/tables/plan.py). Before launching, every job
 and checked with grpo_lab.config.validate, so a bad value fails here in seconds and not as a table of
 failed runs. A job that fails does not stop the batch (Hydra's launchers run all of it, then exit
 non-zero); the table is built anyway and counts and lists failed runs, and jobs that died before
-writing anything. The header states the command, the machine, the date and the wall time, what the
-paper found and what we found, computed from the runs (grpo_lab/tables/findings.py).
+writing anything.
+
+A launch that was stopped (killed, the machine switched off) continues when the same command runs
+again: finished runs are kept, interrupted ones resume from their newest checkpoint (every job runs
+with trainer.resume=auto and the table's `checkpoint_every`), the others start; each run's state is
+read from its directory (grpo_lab/tables/state.py), and `--status` prints it. A launch of other jobs,
+or one after the table was built, moves the earlier runs aside. The header states the command, the
+machine, the date and the wall time (summed over a stopped launch's attempts), what the paper found
+and what we found, computed from the runs (grpo_lab/tables/findings.py).
 This file is the command line only; the library is grpo_lab/tables/.
 """
 
@@ -35,11 +43,11 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_lab.tables import TableSpecError, load_spec, make_plan, preflight
+from grpo_lab.tables import TableSpecError, load_spec, make_plan, preflight, state
 from grpo_lab.tables.findings import build
 from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, jobs_overlap, jobs_within, launches,
-                                    machine_description, merge_added_launch, repeated_jobs_problem, run_table,
-                                    seeds_on_disk, sft_controls)
+                                    machine_description, merge_added_launch, new_launch, repeated_jobs_problem,
+                                    run_table, same_launch, seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
 from grpo_lab.tables.record import restore
 
@@ -78,6 +86,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--tables-root", type=Path, help="where the table goes (default tables/ or outputs/smoke/tables)")
     p.add_argument("--report-only", action="store_true", help="rebuild the table from the runs on disk")
     p.add_argument("--dry-run", action="store_true", help="validate every job and print the command; launch nothing")
+    p.add_argument("--status", action="store_true",
+                   help="print each run's state (done / running / interrupted / failed / to do) and the time left")
     return p.parse_args(argv), extra
 
 
@@ -125,6 +135,25 @@ def finish_sft_controls(plan, args, invocation: str, restored: list[str]) -> int
     return 0
 
 
+def stopped_launch_problem(record: dict, plan, sft_only: bool, added: bool) -> str | None:
+    """Why a launch cannot start over the stopped (or still running) launch `record` of the same table,
+    or None: it continues it, or (another plain launch) moves its runs aside."""
+    attempts = record.get("attempts") or [None]
+    busy = [s for s in map(state.run_state, state.planned_runs(record, plan.runs_dir)) if s.state == state.RUNNING]
+    if state.alive(attempts[-1]) or busy:
+        who = (f"make_table pid {attempts[-1]['pid']}" if state.alive(attempts[-1])
+               else ", ".join(f"{s.name} (pid {s.owner['pid']})" for s in busy))
+        return (f"{plan.runs_dir} is being made now ({who}): wait for it or stop it first; "
+                f"`make table-status NAME={plan.spec.name}` shows each run's state")
+    if sft_only:
+        return (f"{plan.runs_dir} holds a stopped launch (`{record['invocation']}`): run that command again; it "
+                "finishes the runs and the SFT controls")
+    if added and not same_launch(record, plan, added):
+        return (f"{plan.runs_dir} holds a stopped launch (`{record['invocation']}`): run that command again to "
+                "finish it first")
+    return None
+
+
 def baseline_variant(spec) -> str | None:
     """The variant the table's rows are compared with (its `baseline`, else the first), or None when the
     baseline is a sweep value or there are no variants."""
@@ -154,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     for w in plan.warnings:
         print(f"[make_table] warning: {w}", file=sys.stderr)
 
+    if args.status:
+        print(state.status_text(plan.runs_dir, spec.name, planned_jobs=len(plan.jobs())))
+        return 0
     restored: list[str] = []
     if (args.report_only or args.sft_only or args.add_seeds or args.add_rows) and not plan.smoke:
         # A fresh checkout has the table's committed record but not its run directories: bring those
@@ -182,12 +214,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {result['md']}", file=sys.stderr)
         return 0
 
+    added = bool(args.add_seeds or args.add_rows)
+    record = None if args.dry_run else state.read_launch(plan.runs_dir)
+    if record:
+        problem = stopped_launch_problem(record, plan, args.sft_only, added)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+        if not same_launch(record, plan, added):
+            record = None   # a launch of other jobs: it moves the stopped one's runs aside, as any first launch
+        else:
+            plan.continue_launch(record)
+            print(f"[make_table] continuing the stopped launch of {record['date']} (`{record['invocation']}`, "
+                  f"attempt {len(record['attempts']) + 1}): finished runs are kept, interrupted ones resume",
+                  file=sys.stderr)
     if args.sft_only:
         return finish_sft_controls(plan, args, invocation, restored)
 
     created = not plan.runs_dir.exists()
     previous, added_what = None, None
-    if args.add_seeds or args.add_rows:
+    if added and record:   # its checks passed when it started; its runs are now on disk
+        previous, added_what = record["previous_meta"], record["added_what"]
+    elif added:
         # Checked before anything runs: the new runs join the table's, never replace or repeat one.
         flag = "--add-seeds" if args.add_seeds else "--add-rows"
         meta = plan.runs_dir / "table_meta.json"
@@ -235,13 +283,15 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
+    if added:
         plan.name_runs_apart()   # its jobs are numbered from 0 again: directories of their own
-    elif not args.dry_run:
+    elif not args.dry_run and not record:
         archived = archive_previous(plan.runs_dir)
         if archived:
             print(f"[make_table] moved the previous runs of {spec.name} to {archived}", file=sys.stderr)
     try:
-        n_jobs = preflight(plan, earlier_runs_move=previous is None)   # a first launch archives them
+        # A first launch archives the earlier runs; a continued launch's directories are its own.
+        n_jobs = preflight(plan, earlier_runs_move=previous is None, resuming=record is not None)
     except TableSpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -253,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
 
-    rc, wall_s = run_table(plan, n_jobs, header, launch_notes)
+    record = record or new_launch(plan, invocation, added_what, previous)
+    rc, wall_s = run_table(plan, n_jobs, header, launch_notes, record, invocation)
     if previous is not None:
         meta = plan.runs_dir / "table_meta.json"
         merged = merge_added_launch(previous, json.loads(meta.read_text()), invocation, added_what,
@@ -266,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # e.g. no run dir at all: say so rather than a bare traceback
         print(f"error: could not build the table from {plan.runs_dir}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    state.finish_launch(plan.runs_dir)   # the table is built: a re-run is a new launch
     print(result["table"])
     for k in ("md", "csv", "png"):
         print(f"wrote {result[k]}", file=sys.stderr)

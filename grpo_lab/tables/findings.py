@@ -12,6 +12,7 @@ from grpo_lab.report.table import ACC, SAMPLED_ACC, final_value
 from grpo_lab.tables.record import write_meta
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import VARIANT_GROUP, TableSpec, override_key, selector_terms
+from grpo_lab.tables.state import compute_time_s
 
 
 # The resolution a lab table aims for: a paired Δ known to ±2.5 points (95 %), so that a 5-point effect shows.
@@ -287,6 +288,27 @@ def legend(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def record_run_times(plan: Plan, runs: list) -> None:
+    """Each run's wall time and its own compute (the sum of its step times) into table_meta.json's
+    `run_times`, keyed by the run's path under the runs directory, so that runs made at different
+    times (before and after a stop) compare by what they computed. A resumed run's wall time counts
+    the time it ran (train.py carries it over in the checkpoint), not the time it was stopped. A run
+    restored from the table's record has no metrics: its entry stays as recorded."""
+    meta_path = plan.runs_dir / "table_meta.json"
+    if not meta_path.exists():
+        return
+    meta = json.loads(meta_path.read_text())
+    times = dict(meta.get("run_times", {}))
+    for r in runs:
+        if r.recorded is not None:
+            continue
+        summary = r.summary or {}
+        times[r.path.relative_to(plan.runs_dir).as_posix()] = {
+            "status": r.status, "wall_time_s": summary.get("wall_time_s"), "compute_time_s": compute_time_s(r.metrics),
+            "resumed": bool(summary.get("resumed_from"))}
+    meta_path.write_text(json.dumps({**meta, "run_times": times}, indent=2))
+
+
 def build(plan: Plan, *, header_extra: dict[str, str], launch_notes: list[str]) -> dict:
     spec = plan.spec
     runs = load_runs([plan.runs_dir])
@@ -311,6 +333,7 @@ def build(plan: Plan, *, header_extra: dict[str, str], launch_notes: list[str]) 
                           title=title, header=header, columns=spec.columns, ignore=ignore)
     result["findings"] = numbers
     (plan.out.parent / f"{plan.out.name}_findings.json").write_text(json.dumps(numbers, indent=2, default=str))
+    record_run_times(plan, runs)
     # With the runs CSV just written, the table's committed record: a fresh checkout can extend it.
     result["meta"] = write_meta(plan)
     return result

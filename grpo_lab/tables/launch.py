@@ -1,5 +1,6 @@
-"""Running a table: the multirun and the SFT controls, logged to one file; the machine description
-for the header; what to tell the reader about jobs that died before writing anything."""
+"""Running a table: the multirun and the SFT controls, logged to one file; continuing a stopped launch
+(grpo_lab/tables/state.py decides each run's state from disk); the machine description for the
+header; what to tell the reader about jobs that died before writing anything."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_lab.tables.plan import Plan, merge_overrides
+from grpo_lab.tables import state
+from grpo_lab.tables.plan import OWNER_CALLBACK, RESUME_KEYS, Plan, merge_overrides
 from grpo_lab.tables.spec import ROOT, VARIANT_GROUP, override_key, overrides_parser
 
 
@@ -74,12 +76,13 @@ def seeds_on_disk(runs_dir: Path) -> set[int]:
 def jobs_but_seeds(command: list[str]) -> list[str]:
     """A multirun command without the parts that may differ between two launches of the same table's jobs
     (the interpreter, seeds, the wandb group's time stamp, how jobs are launched, and the paths of the
-    table's own directory, which a launch restored in another checkout names differently, and an added
-    launch's run directories, Plan.name_runs_apart): equal for
-    launches whose rows may merge."""
+    table's own directory, which a launch restored in another checkout names differently, an added
+    launch's run directories, Plan.name_runs_apart, and how a job survives a stop, RESUME_KEYS and
+    OWNER_CALLBACK, which launches before them lack): equal for launches whose rows may merge."""
     return [c for c in command[1:] if not c.startswith(("seed=", "logger.group=", "hydra/launcher=", "hydra.launcher.",
                                                         "hydra.sweep.dir=", "hydra.sweep.subdir=",
-                                                        "hydra.searchpath="))]
+                                                        "hydra.searchpath=", OWNER_CALLBACK.split("=")[0],
+                                                        *(f"{k}=" for k in RESUME_KEYS)))]
 
 
 def launches(meta: dict) -> list[dict]:
@@ -188,14 +191,16 @@ def prewarm_overrides(plan: Plan) -> list[str]:
             *swept, "seed=" + ",".join(str(s) for s in plan.seeds)]
 
 
-def prewarm(plan: Plan, log: Path) -> int:
+def prewarm(plan: Plan, log: Path, attempt: int = 1) -> int:
     """Fill the warm-up cache before the table's parallel jobs start, so that two jobs of one seed (two
     variants) never wait on each other's warm-up. Each prewarm job builds a different entry (a seed, a
     task), so they run with the table's own launcher and parallelism."""
-    # One directory per launch (the plan's time-stamped group): a relaunch of the same seeds would find
-    # its job directories holding the last launch's metrics, and the trainer refuses to mix two runs.
-    cmd = [sys.executable, "-m", "grpo_lab.train", "-m", *prewarm_overrides(plan),
-           f"hydra.sweep.dir={plan.runs_dir.parent / '_prewarm' / plan.spec.name / plan.group}", *plan.launcher]
+    # One directory per launch (the plan's time-stamped group) and attempt of it: a relaunch of the
+    # same seeds would find its job directories holding the last launch's metrics, and the trainer
+    # refuses to mix two runs.
+    where = plan.runs_dir.parent / "_prewarm" / plan.spec.name / (plan.group + (f"-{attempt}" if attempt > 1 else ""))
+    cmd = [sys.executable, "-m", "grpo_lab.train", "-m", *prewarm_overrides(plan), f"hydra.sweep.dir={where}",
+           *plan.launcher]
     return run_logged(cmd, log, plan.env)
 
 
@@ -274,8 +279,10 @@ def run_sft_controls(plan: Plan, log: Path, wall_time: float, block: list[str] =
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(run_dir), str(dest))
         overrides = [f"+{VARIANT_GROUP}=sft_control", *base, *block, f"seed={seed}", f"logger.group={plan.group}"]
-        cmds.append([sys.executable, "-m", "grpo_lab.tables.sft_control", "--wall-time", f"{wall_time:.3f}",
-                     "--evals", str(sft.evals), "--run-dir", str(run_dir), "--", *overrides])
+        # owned_command: owner.json names the control's process while it runs (make table-status).
+        cmds.append([*state.owned_command(run_dir), sys.executable, "-m", "grpo_lab.tables.sft_control",
+                     "--wall-time", f"{wall_time:.3f}", "--evals", str(sft.evals), "--run-dir", str(run_dir), "--",
+                     *overrides])
     with ThreadPoolExecutor(max_workers=parallel_jobs(plan)) as pool:
         codes = list(pool.map(lambda cmd: run_logged(cmd, log, plan.env), cmds))
     return {seed: code for (seed, _), code in zip(runs, codes)}
@@ -328,33 +335,157 @@ def unrecorded_jobs(runs_dir: Path) -> list[Path]:
 
 
 
-def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str]) -> tuple[int, float]:
+def new_launch(plan: Plan, invocation: str, added_what: str | None = None, previous_meta: dict | None = None) -> dict:
+    """The record of a launch about to start (grpo_lab/tables/state.py): what it runs, where each run
+    goes, and its attempts; for a launch adding to a table (--add-seeds, --add-rows) what it adds and
+    the table_meta.json it adds to. Needs `plan.run_dirs` (preflight)."""
+    sft = [d.relative_to(plan.runs_dir).as_posix() for block in plan.blocks()
+           for _, d in sft_control_runs(plan, block)] if plan.spec.sft_control else []
+    return {"invocation": invocation, "command": plan.command, "group": plan.group, "stamp": plan.stamp,
+            "run_dir_prefix": plan.run_dir_prefix, "seeds": plan.seeds, "added_what": added_what,
+            "date": dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+            "parallel_jobs": parallel_jobs(plan),
+            "jobs": [{"overrides": [*job, f"logger.group={plan.group}"], "dir": d.relative_to(plan.runs_dir).as_posix()}
+                     for job, d in zip(plan.jobs(), plan.run_dirs)],
+            "sft_controls": sft, "variants": variant_contents(plan), "previous_meta": previous_meta, "attempts": []}
+
+
+def variant_contents(plan: Plan) -> dict[str, list[str]]:
+    """Each variant's overrides: what its config file holds, which the multirun command only names."""
+    return {v.name: overrides for v, overrides in plan.variants}
+
+
+def same_launch(record: dict, plan: Plan, added: bool) -> bool:
+    """Whether `plan` runs the jobs of the stopped launch `record` (how they are launched aside), its
+    variants' overrides included (an edited table yaml makes other jobs); `added`: the plan adds to a
+    table (--add-seeds, --add-rows), as the stopped launch must have."""
+    return (jobs_but_seeds(record["command"]) == jobs_but_seeds(plan.command) and record["seeds"] == plan.seeds
+            and record.get("variants") == variant_contents(plan) and bool(record.get("run_dir_prefix")) == added)
+
+
+def job_command(plan: Plan, job: dict) -> list[str]:
+    """One job of a launch as a multirun of its own, into the directory the launch gave it: recorded as
+    the launch's multirun records it (the same overrides, sweep directory and run name)."""
+    cmd = [sys.executable, "-m", "grpo_lab.train", "-m"]
+    if plan.variants:
+        cmd.append(plan.searchpath_override())
+    # joblib's workers would add nothing to one job; a cluster launcher still sends it to the cluster.
+    launcher = [o for o in plan.launcher if "submitit" in o or override_key(o).startswith("hydra.launcher.")] \
+        if any("submitit" in o for o in plan.launcher) else []
+    return [*cmd, *job["overrides"], f"hydra.sweep.dir={plan.runs_dir}", f"hydra.sweep.subdir={job['dir']}",
+            OWNER_CALLBACK, *launcher]
+
+
+def move_partial(run_dir: Path, plan: Plan, stamp: str) -> Path:
+    """Move a run stopped before its first checkpoint to outputs/.../_archive (it starts over; nothing is
+    deleted, and its lines never mix with the new attempt's)."""
+    archive = plan.runs_dir.parent / "_archive" / f"{plan.runs_dir.name}-partial-{stamp}"
+    dest = archive / run_dir.relative_to(plan.runs_dir)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(run_dir), str(dest))
+    return dest
+
+
+def continue_jobs(plan: Plan, record: dict, log: Path, launch_notes: list[str]) -> int:
+    """The jobs of a stopped launch that did not finish: an interrupted run continues from its newest
+    checkpoint (trainer.resume=auto), one stopped before its first checkpoint starts over, one never
+    started starts; finished and failed runs are kept as they are. As many at once as the launch ran.
+    Returns the highest exit status (0: every job it ran completed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    counts = dict.fromkeys(("kept", "failed", "resumed", "restarted", "started"), 0)
+    todo = []
+    for job in record["jobs"]:
+        run = state.run_state(plan.runs_dir / job["dir"])
+        if run.state in (state.DONE, state.FAILED):
+            counts["kept" if run.state == state.DONE else "failed"] += 1
+            continue
+        if run.state == state.RUNNING:   # make_table checks before; a run must never have two processes
+            raise RuntimeError(f"{run.path} is still running (pid {run.owner['pid']}); wait for it or stop it")
+        if run.state == state.INTERRUPTED and run.resumable_step is None:
+            move_partial(run.path, plan, stamp)
+            counts["restarted"] += 1
+        else:
+            counts["resumed" if run.state == state.INTERRUPTED else "started"] += 1
+        todo.append(job_command(plan, job))
+    if todo and any(o in plan.launcher for o in ("hydra/launcher=joblib", "hydra/launcher=submitit_local")):
+        prewarm(plan, log, attempt=len(record["attempts"]))
+    with ThreadPoolExecutor(max_workers=max(1, parallel_jobs(plan))) as pool:
+        codes = list(pool.map(lambda cmd: run_logged(cmd, log, plan.env), todo))
+    attempt = record["attempts"][-1]
+    launch_notes.append(
+        f"attempt {len(record['attempts'])} (`{attempt['invocation']}`, {attempt['started'][:16].replace('T', ' ')}) "
+        f"continued the stopped launch: {counts['kept']} finished runs kept, {counts['resumed']} resumed from "
+        f"their newest checkpoint, {counts['restarted']} started over"
+        + (f" (stopped before their first checkpoint; moved to _archive/{plan.runs_dir.name}-partial-{stamp})"
+           if counts["restarted"] else "") + f", {counts['started']} started"
+        + (f"; {counts['failed']} failed runs kept (move a directory away to run it again)" if counts["failed"] else "")
+        + (f"; exit codes {sorted(set(codes))}" if any(codes) else ""))
+    return max(codes, default=0)
+
+
+def attempts_wall_s(record: dict, log: Path, now: float) -> float:
+    """The launch's wall time over its attempts: each stopped attempt until its last output to the log
+    (the time the machine was off or the table waited for its re-run does not count), the last until now."""
+    total = 0.0
+    for i, attempt in enumerate(record["attempts"]):
+        end = attempt.get("ended_ts")
+        if end is None:
+            end = now if i == len(record["attempts"]) - 1 else max(attempt["started_ts"], _mtime(log))
+            attempt["ended_ts"] = end
+        total += end - attempt["started_ts"]
+    return total
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str], record: dict,
+              invocation: str = "") -> tuple[int, float]:
     """Run the multirun (after filling the warm-up cache, for parallel launchers), then the SFT
     controls; add what the reader must know to `launch_notes`, the date and wall time to `header`, and
     write both to <runs dir>/table_meta.json (read back by --report-only).
+    `record`: the launch (`new_launch`), or the stopped launch this one continues: then only what did
+    not finish runs (`continue_jobs`). make_table removes the record once the table is built.
     Returns the multirun's exit status and the wall time in seconds."""
     spec = plan.spec
-    started = time.time()
-    date = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     log = plan.runs_dir / "make_table.log"
-    if any(o in plan.launcher for o in ("hydra/launcher=joblib", "hydra/launcher=submitit_local")):
-        t0 = time.time()
-        rc = prewarm(plan, log)
-        launch_notes.append(f"warm-up cache filled before the parallel launch, one job per seed and warm-up input "
-                            f"({time.time() - t0:.0f} s, exit {rc})")
-    rc = run_logged(plan.command, log, plan.env)
+    fresh = not record["attempts"]
+    if not fresh:   # the stopped attempt ended with its last output
+        attempts_wall_s(record, log, time.time())
+    record["attempts"].append({**state.process_identity(), "invocation": invocation, "started_ts": time.time()})
+    state.write_launch(plan.runs_dir, record)
+    if not fresh:
+        rc = continue_jobs(plan, record, log, launch_notes)
+    else:
+        if any(o in plan.launcher for o in ("hydra/launcher=joblib", "hydra/launcher=submitit_local")):
+            t0 = time.time()
+            rc = prewarm(plan, log)
+            launch_notes.append(f"warm-up cache filled before the parallel launch, one job per seed and warm-up "
+                                f"input ({time.time() - t0:.0f} s, exit {rc})")
+        rc = run_logged(plan.command, log, plan.env)
     if rc != 0:
         launch_notes.append(f"the multirun exited with status {rc}: at least one job failed; every job of the "
                             "batch still ran (Hydra's launchers run the whole batch, then re-raise the first "
                             "failure). Failed runs are counted in each row and listed below.")
-    sft_controls(plan, log, launch_notes)
+    sft_controls(plan, log, launch_notes, only_missing=not fresh)
     for job in unrecorded_jobs(plan.runs_dir):
         launch_notes.append(f"job `{job.relative_to(plan.runs_dir)}` failed before the trainer wrote "
                             f"metrics.jsonl/summary.json (see {log.name} and the job's .hydra/ and *.log).")
-    wall_s = time.time() - started
-    header["date"] = f"{date}; wall time {wall_s / 60:.1f} min for {n_jobs} jobs" + (
-        f" + {len(plan.seeds) * len(plan.blocks())} SFT controls" if spec.sft_control else "")
+    wall_s = attempts_wall_s(record, log, time.time())
+    tries = len(record["attempts"])
+    header["date"] = f"{record['date']}; wall time {wall_s / 60:.1f} min for {n_jobs} jobs" + (
+        f" + {len(plan.seeds) * len(plan.blocks())} SFT controls" if spec.sft_control else "") + (
+        f" over {tries} attempts (stopped and continued)" if tries > 1 else "")
     (plan.runs_dir / "table_meta.json").write_text(json.dumps(
         {**header, "launch_notes": launch_notes, "wall_time_s": wall_s, "jobs": n_jobs, "exit_code": rc,
-         "launch_command": plan.command, "seeds": plan.seeds}, indent=2))
+         "launch_command": plan.command, "seeds": plan.seeds,
+         "attempts": [{k: a[k] for k in ("invocation", "started", "started_ts", "ended_ts")}
+                      for a in record["attempts"]]},
+        indent=2))
     return rc, wall_s

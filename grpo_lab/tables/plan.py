@@ -36,6 +36,19 @@ SMOKE_OVERRIDES = [
 ]
 
 
+# Every job continues from its newest checkpoint when its directory holds one (a table launched again
+# after it was stopped), and records its process while it runs (grpo_lab/tables/state.py). Neither
+# changes what a job computes: `launch.jobs_but_seeds` leaves them out when comparing launches.
+RESUME_KEYS = ("trainer.resume", "trainer.checkpoint_every")
+OWNER_CALLBACK = "+hydra.callbacks.run_owner._target_=grpo_lab.tables.state.RunOwner"
+
+
+def resume_overrides(spec: TableSpec, smoke: bool) -> list[str]:
+    """trainer.resume=auto and the table's checkpoint interval (SMOKE: every step of its two)."""
+    every = min(spec.checkpoint_every, 1) if smoke else spec.checkpoint_every
+    return ["trainer.resume=auto", f"trainer.checkpoint_every={every}"]
+
+
 def merge_overrides(*lists: list[str]) -> list[str]:
     """Concatenate override lists; a later override of the same key replaces the earlier one in place."""
     out: dict[str, str] = {}
@@ -105,6 +118,8 @@ class Plan:
     # `<prefix><job num>_<run name>` (see `name_runs_apart`).
     stamp: str = ""
     run_dir_prefix: str = ""
+    # Each job's run directory, in the order of `jobs()` (set by `preflight`).
+    run_dirs: list[Path] = field(default_factory=list)
 
     @property
     def variants_root(self) -> Path:
@@ -156,7 +171,16 @@ class Plan:
         `--add-seeds 3 -- task=partial_sums` would land in the directory of an earlier `--add-seeds 3 --
         task=basic_arithmetic` launch's run (Hydra rewrites its overrides, the trainer refuses)."""
         self.run_dir_prefix = f"added-{self.stamp}_"
+        self.command = [c for c in self.command if not c.startswith("hydra.sweep.subdir=")]
         self.command.append(f"hydra.sweep.subdir={self.run_dir_prefix}${{hydra.job.num}}_${{grpo_run_name:}}")
+
+    def continue_launch(self, record: dict) -> None:
+        """Take over a stopped launch's identity (grpo_lab/tables/state.py's launch record): its wandb
+        group, its time stamp and so its run directories, so that its runs continue where they are."""
+        self.group, self.stamp = record["group"], record["stamp"]
+        self.command = [f"logger.group={self.group}" if c.startswith("logger.group=") else c for c in self.command]
+        if record.get("run_dir_prefix"):
+            self.name_runs_apart()
 
     def searchpath_override(self) -> str:
         return f"hydra.searchpath=['file://{self.variants_root.resolve()}']"
@@ -172,7 +196,8 @@ def make_plan(spec: TableSpec, *, smoke: bool = False, scale: str = "lab", extra
     runs_root = Path(runs_root) if runs_root else ROOT / "outputs" / ("smoke/runs" if smoke else "tables")
     tables_root = Path(tables_root) if tables_root else ROOT / ("outputs/smoke/tables" if smoke else "tables")
     runs_dir = (runs_root / spec.name).resolve()
-    base = list(spec.fixed) if scale == "lab" else [f"experiment={spec.experiment}"]
+    base = merge_overrides(resume_overrides(spec, smoke),
+                           list(spec.fixed) if scale == "lab" else [f"experiment={spec.experiment}"])
     if smoke:
         base = merge_overrides(base, SMOKE_OVERRIDES, spec.smoke)
     errors: list[str] = []
@@ -212,7 +237,7 @@ def make_plan(spec: TableSpec, *, smoke: bool = False, scale: str = "lab", extra
         cmd += [plan.searchpath_override(), f"+{VARIANT_GROUP}=" + ",".join(v.name for v, _ in variants)]
     cmd += [f"{k}={v}" for k, v in sweep.items() if override_key(k) not in {override_key(o) for o in base}]
     cmd += base + ["seed=" + ",".join(str(s) for s in seeds), f"logger.group={group}",
-                   f"hydra.sweep.dir={runs_dir}"] + launcher_ov
+                   f"hydra.sweep.dir={runs_dir}", OWNER_CALLBACK] + launcher_ov
     plan.command = cmd
     return plan
 
@@ -244,14 +269,16 @@ def compose_jobs(plan: Plan, jobs: list[list[str]]):
                 yield job, e
 
 
-def preflight(plan: Plan, earlier_runs_move: bool = False) -> int:
-    """Compose and validate every job; raise TableSpecError naming each bad job and its errors.
-    earlier_runs_move: the launch moves the table's earlier runs away before it starts (a first launch,
-    archive_previous; also its --dry-run), so their directories are no obstacle."""
+def preflight(plan: Plan, earlier_runs_move: bool = False, resuming: bool = False) -> int:
+    """Compose and validate every job and set `plan.run_dirs`; raise TableSpecError naming each bad job
+    and its errors. earlier_runs_move: the launch moves the table's earlier runs away before it starts
+    (a first launch, archive_previous; also its --dry-run), so their directories are no obstacle;
+    resuming: the launch continues a stopped one, whose directories are its own."""
     from grpo_lab.config import validate
 
     write_variant_files(plan)
     problems, jobs = [], plan.jobs()
+    plan.run_dirs = []
     for num, (job, cfg) in enumerate(compose_jobs(plan, jobs)):
         try:
             if isinstance(cfg, Exception):
@@ -259,7 +286,8 @@ def preflight(plan: Plan, earlier_runs_move: bool = False) -> int:
             # Where Hydra will put it (conf/config.yaml's hydra.sweep.subdir, or the plan's own): an
             # earlier run there would be overwritten in part and refused by the trainer.
             run_dir = plan.runs_dir / f"{plan.run_dir_prefix}{num}_{cfg.run_name}"
-            if run_dir.exists() and not earlier_runs_move:
+            plan.run_dirs.append(run_dir)
+            if run_dir.exists() and not (earlier_runs_move or resuming):
                 raise TableSpecError(f"its run directory {run_dir} already exists (an earlier launch's run); "
                                      "move it away or add these runs in a launch of their own (--add-seeds, "
                                      "--add-rows name their directories apart)")

@@ -24,8 +24,10 @@ CONF = ROOT / "conf"
 TABLE_CONF = CONF / "table"
 # Config group of the variant files make_table writes (`+variant=<name>` on every job).
 VARIANT_GROUP = "variant"
-# Keys make_table owns: set them through its options instead.
-RESERVED_KEYS = ("seed", VARIANT_GROUP, "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.searchpath", "logger.group")
+# Keys make_table owns: set them through its options instead (trainer.checkpoint_every: the table's
+# `checkpoint_every`; trainer.resume=auto is on every job, so that a stopped table continues).
+RESERVED_KEYS = ("seed", VARIANT_GROUP, "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.searchpath", "logger.group",
+                 "trainer.resume", "trainer.checkpoint_every")
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 SCHEMA_NAME = "table_schema"
 # What a paper can claim for a row against the table's baseline row (accuracy higher, lower, equal).
@@ -114,6 +116,10 @@ class TableSpec:
     smoke: list[str] = field(default_factory=list)
     # Matched-compute SFT control row (grpo_lab.tables.sft_control), run after the sweep.
     sft_control: Optional[SFTControl] = None
+    # Every job writes a resumable checkpoint each this many steps (trainer.checkpoint_every), so a
+    # table stopped mid-run and launched again loses at most this many steps of each stopped run.
+    # 0: none (a stopped run starts over).
+    checkpoint_every: int = 10
     # Set by load_spec from the file, not keys of the file.
     name: str = ""
     path: Path = Path()
@@ -139,6 +145,7 @@ EXPECTED = {
     "sft_control": "a mapping {match, [wall_time_s], [evals], [paper]}",
     "wall_time_s": "seconds (> 0) or null",
     "evals": "an integer >= 0",
+    "checkpoint_every": "an integer >= 0 (steps between resumable checkpoints; 0 = none)",
 }
 
 
@@ -200,7 +207,8 @@ def check_overrides(items: Any, where: str, errors: list[str], *, allow_sweep: b
             errors.append(f"{where}: {o!r} is a sweep; put swept keys under `sweep:` (or make a variant per value)")
         if override_key(o) in RESERVED_KEYS:
             errors.append(f"{where}: {override_key(o)!r} is set by make_table.py (seeds: `seeds:`, variants: "
-                          "`variants:`, output dirs and wandb group: command-line options); remove it")
+                          "`variants:`, checkpoints: `checkpoint_every:`, output dirs and wandb group: command-line "
+                          "options); remove it")
     keys = [override_key(o) for o in items]
     dups = sorted({k for k in keys if keys.count(k) > 1})
     if dups:
@@ -291,6 +299,8 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
     elif len(set(spec.seeds)) != len(spec.seeds):
         errors.append(f"`seeds` repeats a seed: {spec.seeds}")
 
+    if spec.checkpoint_every < 0:
+        errors.append(f"`checkpoint_every` must be {EXPECTED['checkpoint_every']}, got {spec.checkpoint_every}")
     check_overrides(spec.fixed, "fixed", errors)
     check_overrides(spec.smoke, "smoke", errors)
     sweep = {}
