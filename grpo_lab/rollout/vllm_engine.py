@@ -6,7 +6,7 @@ re-packs CPU kernels), through a transport chosen by `rollout.sync_transport`: s
 buckets on CPU, CUDA IPC or NCCL on GPUs (grpo_lab/rollout/weight_sync.py, its worker side in
 grpo_lab/rollout/weight_sync_worker.py). Only changed tensors travel. Nothing is re-read from disk.
 
-Robustness (issue 8):
+Robustness:
 
 * **No chunked prefill on the CPU build.** With one seeded request per prompt, vLLM 0.32 crashed
   with ``RuntimeError: CPU Generator does not use offset`` (then EngineDeadError) as soon as one
@@ -133,7 +133,7 @@ class VLLMEngine:
 
     def _rpc(self, fn) -> list:
         # vLLM's own `timeout` bounds the worker side; `_call` around the whole push also covers a
-        # dead EngineCore, which vLLM's client would wait on forever (issue 8, item 3).
+        # dead EngineCore, which vLLM's client would wait on forever.
         return self.llm.collective_rpc(fn, timeout=self.sync_timeout_s)
 
     # ----------------------------------------------------------------------------- health
