@@ -7,7 +7,8 @@ off on the CPU build; these tests run such a step and check that per-request see
 reproducible.
 
 Dead engine: when the engine processes die, the next call must fail fast with a clear error
-instead of blocking forever (the weight push used to hang). The last test kills the engine: keep it last.
+instead of blocking forever (vLLM's client waits on a dead EngineCore for ever). The last test
+kills the engine: keep it last.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def test_prompt_longer_than_max_model_len_names_the_key(setup):
 
 def test_weight_push_then_dead_engine_fails_fast(setup):
     """Last: kills the engine. A SIGINT to the engine's processes (as a Ctrl-C to the process group
-    does) used to leave the next weight push blocked forever."""
+    does) must not leave the next weight push blocked forever."""
     from safetensors.torch import load_file
 
     from grpo_lab.rollout import EngineDeadError
