@@ -118,9 +118,9 @@ def open_bucket(payload: dict, *, device: torch.device, shm_maps: dict | None = 
                 nccl=None) -> torch.Tensor:
     """The flat uint8 buffer one bucket payload names, as the receiving process sees it: a mapping of
     the sender's shared-memory file (opened once and kept in `shm_maps`: the sender unlinks the file
-    after the first push, so it never outlives the two processes), the pickled buffer itself, the sender's GPU
-    buffer opened through its CUDA IPC handle on `device`, or a buffer on `device` that the NCCL
-    broadcast from the sender fills (`nccl`: the receiver's communicator)."""
+    after the first push, so it never outlives the two processes), the pickled buffer itself, the
+    sender's GPU buffer opened through its CUDA IPC handle on `device`, or a buffer on `device` that
+    the NCCL broadcast from the sender fills (`nccl`: the receiver's communicator)."""
     kind = payload["kind"]
     if kind == "shm":
         path, nbytes = payload["path"], payload["file_bytes"]
