@@ -30,9 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 # auto = split while the engine samples during the learner's phase (trainer.max_staleness > 0), shared in
-# the synchronous loop, where the phases take turns: measured on the default tiny run, 2 cores, 100-step
-# runs (median perf/step_time_s of steps 11-100), overlapped split 247/327/281/288 ms vs shared
-# 335/293/353/326 ms (4 alternating pairs); synchronous split 456/417/411 ms vs shared 388 ms.
+# the synchronous loop, where the phases take turns: on the default tiny run on two cores the split made
+# overlapped steps faster and synchronous ones slower (README, Speed, for the runs and their commands).
 CPU_PLACEMENTS = ("auto", "split", "shared")
 
 

@@ -12,8 +12,8 @@ Public API::
     prepare_for_model(task, tokenizer, task_cfg) -> tokenizer   # the one call after loading a tokenizer
 
 Instruct models are trained on prompts wrapped in their chat template; given the bare text they
-answer tersely or ramble (shared/ENVIRONMENT.md: SmolLM2-135M-Instruct, bos + raw text gave terse
-answers; through the template it answers "The answer is 67."). So with ``task.chat_template=auto``
+answer tersely or ramble (SmolLM2-135M-Instruct given bos + raw text answers tersely; through its
+template it writes "The answer is 67."). So with ``task.chat_template=auto``
 (the default) a prompt reaches a tokenizer that has a template exactly as
 
     tokenizer.apply_chat_template([{"role": "system", "content": system_prompt},   # only if set

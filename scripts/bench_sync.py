@@ -68,9 +68,9 @@ def measure_sync(engine, weights, transports: list[str], reps: int, *, bucket_mb
     """Median seconds per push for each transport, interleaved; `engine` is a running VLLMEngine."""
     import torch
 
-    from grpo_lab.rollout import weight_sync
+    from grpo_lab.rollout import weight_sync, weight_sync_worker
 
-    infos = engine._rpc(weight_sync.worker_info)
+    infos = engine._rpc(weight_sync_worker.worker_info)
     syncs = {t: weight_sync.WeightSync(engine._rpc, transport=t, bucket_mb=bucket_mb, worker_infos=infos)
              for t in transports}
     times: dict[str, list[float]] = {t: [] for t in transports}

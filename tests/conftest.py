@@ -14,7 +14,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def warm_cache(tmp_path_factory):
-    """A cache dir holding the tiny model and its brief warm-up, built once per session (~20 s):
+    """A cache dir holding the tiny model and its brief warm-up, built once per session:
     a zero-step run of the CLI builds both and stops."""
     from helpers import TINY_RUN, run_train
 

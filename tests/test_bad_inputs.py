@@ -1,4 +1,4 @@
-"""The bad-input catalogue (issue 8): every value that cannot work fails in `validate()`, which the
+"""The bad-input catalogue: every value that cannot work fails in `validate()`, which the
 entry point runs before any model, tokenizer or engine loads, with a message that names the key to
 change and says how. One row per case: (overrides, the key the message must name)."""
 

@@ -99,7 +99,7 @@ def _open_buckets(requests, replies):
     send back its tensors, copied to the host; None ends it."""
     import torch
 
-    from grpo_lab.rollout.weight_sync import TensorMeta, open_bucket, unpack_bucket
+    from grpo_lab.rollout.weight_sync_worker import TensorMeta, open_bucket, unpack_bucket
 
     device = torch.device("cuda", torch.cuda.current_device())
     while (payload := requests.get()) is not None:

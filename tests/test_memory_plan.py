@@ -75,7 +75,7 @@ def test_full_fp32_7b_is_16_bytes_per_param_before_activations():
     plan = plan_memory(cfg, machine=False)
     P = QWEN_7B_PARAMS
     # 4 B weights + 4 B gradients + 8 B AdamW (two fp32 moments) = 16 B/param:
-    # 7,615,616,512 × 16 = 121,849,864,192 B ≈ 121.8 GB (the "7.6e9 × 16 = 121.6 GB" rounded P first)
+    # 7,615,616,512 × 16 = 121,849,864,192 B ≈ 121.8 GB (121.6 GB when P is rounded to 7.6e9 first)
     states = plan.item("policy weights (fp32)") + plan.item("gradients (fp32)") + plan.item("AdamW state (fp32)")
     assert states == 16 * P == 121_849_864_192
     assert plan.item("reference model") == 0 and plan.item("critic (+AdamW)") == 0    # GRPO, β = 0

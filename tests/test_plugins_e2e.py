@@ -1,4 +1,4 @@
-"""Plug-ins without editing the project (issue 8): a user's reward function, task factory and model
+"""Plug-ins without editing the project: a user's reward function, task factory and model
 builder, named by import path in config, run end to end in a single run and in a `-m` sweep under
 the joblib launcher (whose workers import them by path too). They live in tests/robust_plugins.py,
 which the lab never imports or registers."""

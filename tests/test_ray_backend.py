@@ -29,7 +29,7 @@ def comparable(lines: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith("perf/") and k not in TIMING_KEYS} for m in lines]
 
 
-# Not marked slow (22 s): while it was, a learner.close() added for torchrun broke every Ray run's end
+# Not marked slow: while it was, a learner.close() added for torchrun broke every Ray run's end
 # unseen; RemoteLearner lacked the method.
 @pytest.mark.skipif(not HAVE_RAY, reason=NO_RAY)
 def test_ray_backend_matches_single_process(tmp_path):

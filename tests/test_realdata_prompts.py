@@ -11,7 +11,7 @@ from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.prompts import (adapt_answer_format, chat_messages, configure_tokenizer, prepare_for_model,
                               render_prompt, uses_chat_template)
 
-# Under the repo's git-ignored .cache, so the ~30-50 s conversion (0.5 GB) happens once per checkout.
+# Under the repo's git-ignored .cache, so the slow conversion (0.5 GB) happens once per checkout.
 SMOLLM2_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "grpo_lab" / "models" / "smollm2_135m"
 
 

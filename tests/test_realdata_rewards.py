@@ -118,7 +118,7 @@ def test_judge_unparseable_is_a_contained_error(monkeypatch):
 SMOLLM2_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "grpo_lab" / "models" / "smollm2_135m"
 
 
-@pytest.mark.slow  # ~150 s here: a vLLM start-up plus 5 judged samples on 2 shared cores
+@pytest.mark.slow  # a vLLM start-up plus 5 judged samples
 @pytest.mark.vllm
 def test_smollm2_judge_on_vllm():
     """SmolLM2-135M-Instruct as the judge on its own vLLM engine, a handful of samples: every sample

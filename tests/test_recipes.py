@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 RECIPES = sorted(p.stem for p in (CONF / "algorithm").glob("*.yaml"))
 
-# The defining components of each recipe, as the issue and the papers state them. The YAML files
+# The defining components of each recipe, as the papers state them. The YAML files
 # may set more; these are the values that make each algorithm what it is.
 DEFINING = {
     "ppo": {"advantage": "gae", "critic.enabled": True, "policy_loss": "clipped_surrogate", "clip_low": 0.2,

@@ -1,4 +1,4 @@
-"""The vLLM engine's call guard without starting vLLM (issue 8, item 3): a call past its timeout
+"""The vLLM engine's call guard without starting vLLM: a call past its timeout
 raises an error naming the phase and the config key; a dead engine process makes the call fail
 fast, carrying the engine's logged root error; after either, every call fails fast."""
 

@@ -1,8 +1,8 @@
-"""kill -9 of the trainer must not orphan the vLLM processes (issue 8, item 2).
+"""kill -9 of the trainer must not orphan the vLLM processes.
 
-Before: EngineCore, its worker and a multiprocessing resource tracker (~2.1 GB) stayed alive
-indefinitely. Now the engine processes carry a parent-death signal (grpo_lab/rollout/lifeline.py)
-and the resource tracker exits once every holder of its pipe is gone.
+Left alone, EngineCore, its worker and a multiprocessing resource tracker stay alive indefinitely,
+holding gigabytes of memory. The engine processes therefore carry a parent-death signal
+(grpo_lab/rollout/lifeline.py), and the resource tracker exits once every holder of its pipe is gone.
 """
 
 from __future__ import annotations

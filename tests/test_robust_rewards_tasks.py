@@ -1,6 +1,5 @@
 """Contained rewards, plug-in rewards and tasks, task switching, local-dataset errors and the early
-validation of reward/rollout/task values (issue 8: items 3, 9, 10 and the plug-in and
-contained-reward requirements). No model or engine is loaded here."""
+validation of reward/rollout/task values. No model or engine is loaded here."""
 
 from __future__ import annotations
 

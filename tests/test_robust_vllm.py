@@ -1,12 +1,14 @@
-"""The vLLM engine on question-form reasoning-gym prompts (issue 8, items 3 and 8). One engine start.
+"""The vLLM engine on question-form reasoning-gym prompts. One engine start.
 
-Item 8: on the CPU build, a step whose prefill exceeded vLLM's 4,096-token batch budget crashed the
-engine ("CPU Generator does not use offset", then EngineDeadError): the prefill was chunked and
-vLLM rewound each seeded request's generator. The engine now turns chunked prefill off on the CPU
-build; these tests run such a step and check that per-request seeds stay reproducible.
+Long prefills: on the CPU build, a step whose prefill exceeds vLLM's 4,096-token batch budget
+crashes the engine ("CPU Generator does not use offset", then EngineDeadError) when the prefill is
+chunked, since vLLM then rewinds each seeded request's generator. The engine turns chunked prefill
+off on the CPU build; these tests run such a step and check that per-request seeds stay
+reproducible.
 
-Item 3: when the engine processes die, the next call must fail fast with a clear error instead of
-blocking forever (the weight push used to hang). The last test kills the engine: keep it last.
+Dead engine: when the engine processes die, the next call must fail fast with a clear error
+instead of blocking forever (vLLM's client waits on a dead EngineCore for ever). The last test
+kills the engine: keep it last.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def test_prompt_longer_than_max_model_len_names_the_key(setup):
 
 def test_weight_push_then_dead_engine_fails_fast(setup):
     """Last: kills the engine. A SIGINT to the engine's processes (as a Ctrl-C to the process group
-    does) used to leave the next weight push blocked forever."""
+    does) must not leave the next weight push blocked forever."""
     from safetensors.torch import load_file
 
     from grpo_lab.rollout import EngineDeadError

@@ -1,4 +1,4 @@
-"""The hf engine's shared-prefill sampler (rollout.sampler=shared_prefill, issue 10): each distinct
+"""The hf engine's shared-prefill sampler (rollout.sampler=shared_prefill): each distinct
 prompt's forward once, its n samples decoding from copies of its KV cache. It must be the same
 sampler as transformers `generate`: the same greedy tokens and stop rule, logprobs the learner
 recomputes, and draws from the model's (temperature, top-p) distribution."""

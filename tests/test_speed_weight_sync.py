@@ -1,15 +1,18 @@
-"""Weight-sync protocol (grpo_lab/rollout/weight_sync.py): transport selection, bucketing and its
-round trip, changed-tensor detection — all without CUDA — and, against the real CPU engine, a
-changed-only, many-bucket push after which vLLM's logprobs equal the learner's (fp32, 1e-3).
-No timings are asserted (the benchmark is scripts/bench_sync.py)."""
+"""Weight-sync protocol (grpo_lab/rollout/weight_sync.py, its worker side
+grpo_lab/rollout/weight_sync_worker.py): transport selection, bucketing and its round trip, the
+worker side's independence from the sender, changed-tensor detection — all without CUDA — and,
+against the real CPU engine, a changed-only, many-bucket push after which vLLM's logprobs equal the
+learner's (fp32, 1e-3). No timings are asserted (the benchmark is scripts/bench_sync.py)."""
 
+import subprocess
+import sys
 from types import SimpleNamespace as NS
 
 import pytest
 import torch
 
-from grpo_lab.rollout.weight_sync import (ALIGN, ChangeTracker, choose_transport, layer_key, pack_bucket,
-                                          plan_buckets, unpack_bucket)
+from grpo_lab.rollout.weight_sync import ALIGN, ChangeTracker, choose_transport, layer_key, pack_bucket, plan_buckets
+from grpo_lab.rollout.weight_sync_worker import unpack_bucket
 
 # --------------------------------------------------------------------------------- selection
 
@@ -138,6 +141,17 @@ def test_one_bucket_when_it_fits():
     named = _named()
     [b] = plan_buckets(named, bucket_bytes=2**20)
     assert b.nbytes >= sum(t.numel() * 4 for _, t in named)
+
+
+def test_worker_side_imports_nothing_from_the_sender():
+    """The vLLM worker process imports the shipped functions by their module path; that module must
+    load on its own (no sender state, no learner-side imports)."""
+    code = ("import sys, grpo_lab.rollout.weight_sync_worker as w\n"
+            "assert 'grpo_lab.rollout.weight_sync' not in sys.modules, sorted(sys.modules)\n"
+            "import functools, pickle\n"
+            "fn = pickle.loads(pickle.dumps(functools.partial(w.worker_load, payload={})))\n"
+            "assert fn.func is w.worker_load\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # --------------------------------------------------------------------------------- real CPU engine

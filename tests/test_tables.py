@@ -30,7 +30,7 @@ EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.
 # scale only (lab_only_sweep), so their full-scale recipes run half as many.
 EXPECTED_JOBS = {"group_size": (12, 12), "dapo": (36, 18), "algorithms": (21, 21), "std_norm": (18, 9),
                  "clip": (36, 18), "kl": (15, 15), "async": (9, 9), "tasks": (30, 30), "smollm2": (8, 8)}
-# The real-model table runs 2 seeds (issue 11: about 40 min a run on this machine); the others 3.
+# The real-model table runs 2 seeds (each of its runs costs many times a tiny-model run); the others 3.
 SEEDS = {"smollm2": [0, 1]}
 
 

@@ -27,7 +27,7 @@ def test_registry_names():
 
 def test_chain_sum_compact_format(chain_sum):
     first = chain_sum.splits["train"][0]
-    # train_seed=0, item 0 is the calibration example of shared/ENVIRONMENT.md
+    # train_seed=0, item 0 is the example the docstrings use ("15-43=" -> "-28")
     assert (first.prompt, first.answer, first.solution) == ("15-43=", "-28", "-28")
     assert first.fields["answer_format"] == "plain"
     assert first.fields["rg_dataset"] == "chain_sum"

@@ -31,7 +31,7 @@ def logprobs_under(model, rollout, pad_id):
         return token_logprobs(completion_logits(model, batch), batch["completion_ids"]), batch
 
 
-# The LoRA case is slow (a third engine start, ~1.5 min of `make test`'s budget); the change filter's
+# The LoRA case is slow (a third engine start); the change filter's
 # reused-address case is tested deterministically in tests/test_speed_weight_sync.py.
 @pytest.mark.parametrize("where", ["this_process", "child_process",
                                    pytest.param("this_process_lora", marks=pytest.mark.slow)])

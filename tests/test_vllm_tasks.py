@@ -1,4 +1,4 @@
-"""A few RL steps with rollout=vllm on several reasoning-gym generators in question form (issue 8):
+"""A few RL steps with rollout=vllm on several reasoning-gym generators in question form:
 their prompts are ~15x longer than chain_sum's compact ones, so one step's prefill passes vLLM's
 4,096-token CPU budget (the case that crashed before: "CPU Generator does not use offset")."""
 

@@ -3,7 +3,7 @@
 The package ships the model as a Q4_1 GGUF file. transformers (with ``gguf``) dequantises it to
 fp32; we rebuild a plain ``LlamaForCausalLM`` from that config (without ``quantization_config``,
 which makes ``save_pretrained`` refuse), copy the weights and save an ordinary HF directory that
-transformers and vLLM both load. Recipe and timings: shared/ENVIRONMENT.md.
+transformers and vLLM both load.
 
 Departure from the released model: the weights are a dequantised 4-bit copy. Fine for
 experiments, not for claims about SmolLM2's quality.
@@ -41,7 +41,7 @@ def smollm2_gguf_path() -> Path:
 def smollm2_135m(out_dir: str | os.PathLike) -> Path:
     """Write SmolLM2-135M-Instruct (fp32, plain HF Llama format) to ``out_dir`` and return it.
 
-    Skips the conversion (about 30 s) when ``out_dir`` already holds a complete model.
+    Skips the (slow) conversion when ``out_dir`` already holds a complete model.
     """
 
     out_dir = Path(out_dir)

@@ -1,8 +1,8 @@
 """A tiny randomly initialised Llama for lab-scale runs on CPU.
 
-Calibration (shared/ENVIRONMENT.md): hidden 128, 2 layers, 4 heads, MLP 512, tied embeddings,
-character vocabulary: ~0.53M parameters, learns 2-term 2-digit ``chain_sum`` in about a minute of
-SFT plus a minute of GRPO on two CPU cores.
+Sizes: hidden 128, 2 layers, 4 heads, MLP 512, tied embeddings, character vocabulary: ~0.53M
+parameters, small enough that a short SFT warm-up plus GRPO on a two-core CPU learns 2-term 2-digit
+``chain_sum``.
 """
 
 from __future__ import annotations

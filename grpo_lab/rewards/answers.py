@@ -27,10 +27,11 @@ last                                               applies: the last ``\\boxed{}
 =========  =====================================  ==============================================
 
 ``boxed_or_last`` reads "The answer is -28.", "15 - 43 = -28", "\\boxed{-28}", "**-28**" and "-28."
-all as ``-28``, and "4 + 1 = 5, which is the sum of 4 and 1." as ``5`` (SmolLM2-135M-Instruct writes
-such trailing explanations; the last number alone would read them as ``1``) (markdown ``*``/``$``, a trailing full stop and thousands separators are
-dropped), and "280" as ``280``. It is the answer format chosen for question-form prompts when the
-model answers through a chat template (grpo_lab.prompts.adapt_answer_format).
+all as ``-28`` (markdown ``*``/``$``, a trailing full stop and thousands separators are dropped),
+"280" as ``280``, and "4 + 1 = 5, which is the sum of 4 and 1." as ``5`` (SmolLM2-135M-Instruct
+writes such trailing explanations; the last number alone would read them as ``1``). It is the answer
+format chosen for question-form prompts when the model answers through a chat template
+(grpo_lab.prompts.adapt_answer_format).
 
 ``extract_answer`` returns ``None`` when the format's marker is missing or the answer is empty.
 ``answer_marked`` is stricter for ``boxed_or_last``: it needs an explicit marker (boxed, ``####``,

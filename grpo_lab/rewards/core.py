@@ -32,8 +32,8 @@ after the last ``####`` for ``hash`` (GSM8K-style worked solutions), inside the 
 Note on ``correctness`` for reasoning-gym items: it is the generator's own scorer, which is NOT
 always 0/1. Many scorers give partial credit when the reference is a substring of the answer
 (chain_sum: oracle ``28``, answer ``280`` -> 2/3; ``-28`` -> 2/3), and some give 0.01 for any
-wrong answer. ``correctness_binary`` is 1.0 exactly when ``correctness`` is 1.0, else 0.0 (the
-"reward 1/0" of the calibration in shared/ENVIRONMENT.md); ``is_correct`` uses the same test.
+wrong answer. ``correctness_binary`` is 1.0 exactly when ``correctness`` is 1.0, else 0.0 (a plain
+right-or-wrong reward, without partial credit); ``is_correct`` uses the same test.
 """
 
 from __future__ import annotations
@@ -314,7 +314,7 @@ def compute_rewards(
     Returns ``(total, per_reward)`` with ``total[i] = sum_k weight_k * per_reward[name_k][i]`` and
     ``per_reward`` holding the unweighted values; ``.metrics`` counts the failures.
 
-    Containment (issue 8): each function is called once on the whole batch, within ``timeout_s``.
+    Containment: each function is called once on the whole batch, within ``timeout_s``.
     If that call raises or times out, it is called again per sample (each within ``timeout_s``) to
     find the failing samples. A sample whose value could not be computed (raised, timed out,
     NaN/inf or not a number) gets ``on_error`` as that function's value. When more than

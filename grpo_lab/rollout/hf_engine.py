@@ -99,7 +99,8 @@ class HFEngine:
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1)
         # Row k continues prompt k // n. A preallocated cache, written in place: a growing one
-        # concatenates every layer's keys and values into fresh memory at each token (half the time).
+        # concatenates every layer's keys and values into fresh memory at each token, a large share
+        # of the decode loop's time.
         cache = StaticCache(config=self.model.config, max_cache_len=width + max_new_tokens)
         for i, layer in enumerate(out.past_key_values.layers):
             cache.update(layer.keys.repeat_interleave(n, 0), layer.values.repeat_interleave(n, 0), i)

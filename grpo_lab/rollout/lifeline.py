@@ -1,8 +1,8 @@
 """Engine processes that die with their parent, and keep their last error where the parent can read it.
 
-Why: `kill -9` (or the OOM killer) on the trainer used to leave vLLM's EngineCore, its worker and a
-resource tracker (~2.1 GB) alive indefinitely (issue 8, item 2): nothing in them notices that the
-process that drives them is gone (the worker watches a pipe to the EngineCore, but the EngineCore
+Why: without this, `kill -9` (or the OOM killer) on the trainer leaves vLLM's EngineCore, its worker
+and a resource tracker alive indefinitely, holding gigabytes of memory: nothing in them notices that
+the process that drives them is gone (the worker watches a pipe to the EngineCore, but the EngineCore
 only waits on its ZMQ input socket).
 
 How: vLLM starts both of its process kinds through ``get_mp_context().Process(target=...)``

@@ -3,10 +3,10 @@
 The engine core runs in its own process; the learner pushes new weights into it in memory after
 every update (vLLM's in-place layerwise reload, which knows its fused qkv / gate_up layouts and
 re-packs CPU kernels), through a transport chosen by `rollout.sync_transport`: shared-memory
-buckets on CPU, CUDA IPC or NCCL on GPUs (grpo_lab/rollout/weight_sync.py). Only changed tensors
-travel. Nothing is re-read from disk.
+buckets on CPU, CUDA IPC or NCCL on GPUs (grpo_lab/rollout/weight_sync.py, its worker side in
+grpo_lab/rollout/weight_sync_worker.py). Only changed tensors travel. Nothing is re-read from disk.
 
-Robustness (issue 8):
+Robustness:
 
 * **No chunked prefill on the CPU build.** With one seeded request per prompt, vLLM 0.32 crashed
   with ``RuntimeError: CPU Generator does not use offset`` (then EngineDeadError) as soon as one
@@ -44,7 +44,7 @@ from typing import Iterable
 
 import torch
 
-from grpo_lab.rollout import lifeline, weight_sync
+from grpo_lab.rollout import lifeline, weight_sync, weight_sync_worker
 from grpo_lab.rollout.data_parallel import environment, placement_env
 from grpo_lab.rollout.base import Rollout
 from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError, RolloutEngineError
@@ -120,7 +120,7 @@ class VLLMEngine:
                           and "resource_tracker" not in " ".join(_cmdline(p))]
         # The weight-sync transport (grpo_lab/rollout/weight_sync.py), chosen once the workers can
         # say which GPU (if any) they hold the weights on.
-        infos = self._rpc(weight_sync.worker_info)
+        infos = self._rpc(weight_sync_worker.worker_info)
         learner_uuid = None
         if learner_device == "cuda" and torch.cuda.is_available():
             learner_uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
@@ -133,7 +133,7 @@ class VLLMEngine:
 
     def _rpc(self, fn) -> list:
         # vLLM's own `timeout` bounds the worker side; `_call` around the whole push also covers a
-        # dead EngineCore, which vLLM's client would wait on forever (issue 8, item 3).
+        # dead EngineCore, which vLLM's client would wait on forever.
         return self.llm.collective_rpc(fn, timeout=self.sync_timeout_s)
 
     # ----------------------------------------------------------------------------- health

@@ -16,11 +16,11 @@ Prompt formats:
       term, e.g. ``12+34-5=`` -> ``46,41``. A long answer whose length grows with the number of
       terms (set ``min_terms`` < ``max_terms``), so a completion budget can bind and wrong answers
       can differ in length from right ones: the task family where DAPO's overlong shaping,
-      token-level loss and Dr.GRPO's length bias have something to act on (issue 11). Scored by
+      token-level loss and Dr.GRPO's length bias have something to act on. Scored by
       exact match of the whole list (the item carries no reasoning-gym entry, whose scorer would
       read only the final sum).
 
-The calibration task of shared/ENVIRONMENT.md is
+The tiny model's default task (conf/task/chain_sum.yaml), which it learns in minutes on a CPU, is
 ``name=chain_sum, dataset_kwargs={min_terms: 2, max_terms: 2, min_digits: 2, max_digits: 2},
 prompt_format=compact``. Note chain_sum draws every term >= 0 unless ``allow_negation=True``;
 only the result can be negative.
@@ -103,7 +103,7 @@ def generator_kwargs(name: str) -> list[str]:
 def check_dataset_kwargs(name: str, dataset_kwargs: Mapping[str, Any]) -> None:
     """Raise (naming ``task.dataset_kwargs``) when a key is not a setting of generator ``name``.
 
-    The usual cause (issue 8, item 9): ``task.name=gcd`` keeps chain_sum's dataset_kwargs, and
+    The usual cause: ``task.name=gcd`` keeps chain_sum's dataset_kwargs, and
     ``task.dataset_kwargs={}`` does not clear them (Hydra merges a dict override into the dict).
     """
     check_generator(name)
