@@ -29,14 +29,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from grpo_lab import checkpoint
-from grpo_lab.backends import TRAINER_BACKENDS
-from grpo_lab.config import ConfigError, finalize, register_configs, validate
+from grpo_lab.backends import TRAINER_BACKENDS, follow
+from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.cpu_placement import engine_cores, plan_placement
 from grpo_lab.evaluation import evaluate_held_out
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner import distributed
 from grpo_lab.learner.learner import release_freed_host_memory, resolve_device, set_cpu_threads
-from grpo_lab.learner.sft import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
 from grpo_lab.memory_plan import plan_memory
 from grpo_lab.models import MODEL_BUILDERS
@@ -44,7 +43,9 @@ from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.prompts import prepare_for_model
 from grpo_lab.phases import RewardNormalizer, RolloutPipeline, rollout_metrics, to_learner_batch
 from grpo_lab.rollout import ROLLOUT_ENGINES
+from grpo_lab.schema import ConfigError
 from grpo_lab.tasks import build_task
+from grpo_lab.warmup import cache_key, warmup_sft
 
 
 class NonFiniteError(RuntimeError):
@@ -327,7 +328,7 @@ def run(cfg: DictConfig) -> float:
 def main() -> None:
     """Entry point: register the config schema and resolver explicitly, then let Hydra run."""
     if distributed.is_follower():   # torchrun rank > 0: serves rank 0's learner calls, nothing else
-        distributed.follow()
+        follow()
         distributed.end_process()
     register_configs()
     run()

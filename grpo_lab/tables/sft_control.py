@@ -55,7 +55,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
 
     from grpo_lab.evaluation import evaluate_held_out
     from grpo_lab.learner.learner import resolve_device, set_cpu_threads
-    from grpo_lab.learner.sft import SFTProgress, sft_loop, shared_weights_engine
+    from grpo_lab.warmup import SFTProgress, sft_loop, shared_weights_engine
     from grpo_lab.prompts import prepare_for_model
     from grpo_lab.tasks import build_task
     from grpo_lab.train import build_policy
