@@ -36,7 +36,6 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
