@@ -7,11 +7,21 @@
 Facts: `requires_module` (a package the backend needs, checked before anything loads) and
 `spawns_engine` (the engine's processes are this process's children, so they inherit the CPU cores
 of the thread that starts them: trainer.cpu_placement can place them). The train loop calls whatever
-comes back the same way, so it never asks which backend it runs on.
+comes back the same way, so it never asks which backend it runs on. The learner over torchrun ranks
+(learner.strategy=fsdp2: rank 0's `LearnerGroup`, the other ranks' `follow`) lives here too, since it
+is how the local backends build their learner.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from grpo_lab.learner import distributed
+from grpo_lab.learner.learner import Learner, set_cpu_threads
 from grpo_lab.registry import Registry
 
 TRAINER_BACKENDS = Registry("trainer backend", defaults={"requires_module": None, "spawns_engine": False})
@@ -20,10 +30,9 @@ TRAINER_BACKENDS = Registry("trainer backend", defaults={"requires_module": None
 @TRAINER_BACKENDS.register("local", spawns_engine=True)
 def local(cfg):
     """This process (learner.strategy=fsdp2: rank 0's handle, each call runs on every torchrun rank)."""
-    from grpo_lab.learner import distributed
     from grpo_lab.rollout import make_engine
 
-    return distributed.make_learner, make_engine
+    return make_learner, make_engine
 
 
 @TRAINER_BACKENDS.register("engine_process", spawns_engine=True)
@@ -33,14 +42,13 @@ def engine_process(cfg):
     taking turns with it on one interpreter (grpo_lab/rollout/engine_process.py)."""
     import torch
 
-    from grpo_lab.learner import distributed
     from grpo_lab.rollout.engine_process import EngineProcess
 
     def build_engine(model_dir, rollout_cfg, *, seed, device):
         # The learner's thread budget (train() set it): the HF engine generates with it in the child.
         return EngineProcess(model_dir, rollout_cfg, seed=seed, device=device, num_threads=torch.get_num_threads())
 
-    return distributed.make_learner, build_engine
+    return make_learner, build_engine
 
 
 @TRAINER_BACKENDS.register("ray", requires_module="ray")
@@ -54,3 +62,65 @@ def ray(cfg):
         return remote_learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **kwargs)
 
     return build_learner, remote_engine
+
+
+# ------------------------------------------------------------------- the learner over torchrun ranks
+# learner.strategy=fsdp2 (grpo_lab/learner/distributed.py): rank 0 runs the loop and drives the
+# other ranks' learners through a LearnerGroup; ranks > 0 run `follow` and nothing else.
+_STOP = "__stop__"
+
+
+class LearnerGroup:
+    """Rank 0's handle: each method call runs on every rank's learner (broadcast first, then local);
+    returns rank 0's result. Attributes that are not methods read rank 0's learner."""
+
+    def __init__(self, learner):
+        self.learner = learner
+
+    def __getattr__(self, name):
+        attr = getattr(self.learner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            sent_kwargs = {**kwargs, "tokenizer": None} if "tokenizer" in kwargs else kwargs
+            sent_args = args[:1] if name == "save" else args   # save(path, tokenizer): files come from rank 0
+            dist.broadcast_object_list([(name, sent_args, sent_kwargs)], src=0)
+            return attr(*args, **kwargs)
+        return call
+
+    def close(self) -> None:
+        """Release the other ranks (they leave `follow`); call once at the end of the run."""
+        dist.broadcast_object_list([(_STOP, (), {})], src=0)
+        dist.destroy_process_group()
+
+
+def make_learner(cfg, policy_dir: Path, **learner_kwargs):
+    """The learner of a run: a plain Learner (learner.strategy=single), or under fsdp2 rank 0's
+    LearnerGroup after sending the resolved config and model directory to the other ranks."""
+    if cfg.learner.strategy != "fsdp2":
+        return Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs)
+    distributed.init()
+    dist.broadcast_object_list([(OmegaConf.to_container(cfg, resolve=True), str(policy_dir), learner_kwargs)], src=0)
+    return LearnerGroup(Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs))
+
+
+def follow() -> None:
+    """Entry of ranks > 0: build the learner rank 0 describes, then run every call it broadcasts."""
+    distributed.init()
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    cfg_dict, policy_dir, learner_kwargs = box[0]
+    cfg = OmegaConf.create(cfg_dict)
+    set_cpu_threads(cfg.learner.num_threads or int(os.environ.get("OMP_NUM_THREADS") or 1))
+    learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs)
+    try:
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0)
+            name, args, kwargs = box[0]
+            if name == _STOP:
+                return
+            getattr(learner, name)(*args, **kwargs)
+    finally:
+        dist.destroy_process_group()

@@ -179,3 +179,17 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, names={self.names()})"
+
+
+def check_registered(registry: Registry, name: str, key: str, errors: list[str]) -> bool:
+    """Append an error naming the config `key` unless `name` is registered (or an importable plug-in path)."""
+    try:
+        registry.get(name)
+        return True
+    except UnknownChoiceError as err:
+        if isinstance(name, str) and (":" in name or "." in name):  # a plug-in path: say why it failed
+            errors.append(f"{key}: {err}")
+        else:
+            errors.append(f"{key}={name!r} is not registered; valid choices: {', '.join(sorted(registry.names()))}"
+                          " (or a plug-in as 'package.module:function')")
+        return False

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
-from grpo_lab.learner.sft import cache_key, warmup_sft
+from grpo_lab.warmup import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.prompts import prepare_for_model

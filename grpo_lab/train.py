@@ -27,8 +27,8 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from grpo_lab import checkpoint
-from grpo_lab.backends import TRAINER_BACKENDS
-from grpo_lab.config import ConfigError, finalize, register_configs, validate
+from grpo_lab.backends import TRAINER_BACKENDS, follow
+from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.cpu_placement import engine_cores, plan_placement
 from grpo_lab.evaluation import evaluate_held_out
 from grpo_lab.learner.batch import encode_prompt
@@ -40,6 +40,7 @@ from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.phases import RewardNormalizer, RolloutPipeline, rollout_metrics, to_learner_batch
 from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.run_setup import log_initial_eval, open_recorder, record_outcome, start_run
+from grpo_lab.schema import ConfigError
 
 
 class NonFiniteError(RuntimeError):
@@ -279,7 +280,7 @@ def run(cfg: DictConfig) -> float:
 def main() -> None:
     """Entry point: register the config schema and resolver explicitly, then let Hydra run."""
     if distributed.is_follower():   # torchrun rank > 0: serves rank 0's learner calls, nothing else
-        distributed.follow()
+        follow()
         distributed.end_process()
     register_configs()
     run()

@@ -11,6 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from grpo_lab.prompts import check_chat_template
+from grpo_lab.registry import check_registered
+from grpo_lab.rewards import REWARDS
+from grpo_lab.rewards.answers import ANSWER_FORMATS
+from grpo_lab.tasks import TASKS
+
 
 def _finite(x: Any) -> bool:
     try:
@@ -28,9 +34,6 @@ def _timeout(value: Any, key: str, errors: list[str], example: str) -> None:
 
 
 def _validate_reward(rw: Any, errors: list[str]) -> None:
-    from grpo_lab.config import check_registered
-    from grpo_lab.rewards import REWARDS
-
     if not rw.weights:
         errors.append("reward.weights is empty: name at least one reward, e.g. reward.weights={correctness_binary: 1.0} "
                       "or reward=correctness")
@@ -63,11 +66,6 @@ def _validate_rollout(r: Any, errors: list[str]) -> None:
 
 
 def _validate_task(t: Any, errors: list[str]) -> None:
-    from grpo_lab.config import check_registered
-    from grpo_lab.prompts import check_chat_template
-    from grpo_lab.rewards.answers import ANSWER_FORMATS
-    from grpo_lab.tasks import TASKS
-
     if not check_registered(TASKS, str(t.source), "task.source", errors):
         return
     if t.max_completion_tokens < 1:

@@ -4,7 +4,7 @@ settings and batches on both sides of the FSDP2-vs-single-process comparison."""
 import torch
 from omegaconf import OmegaConf
 
-from grpo_lab.config import AlgorithmConfig, LearnerConfig
+from grpo_lab.schema import AlgorithmConfig, LearnerConfig
 from grpo_lab.learner.batch import collate
 from grpo_lab.learner.learner import Learner
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from grpo_lab.config import ConfigError, finalize, register_configs, validate
+from grpo_lab.config import finalize, register_configs, validate
+from grpo_lab.schema import ConfigError
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 register_configs()

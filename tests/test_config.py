@@ -8,7 +8,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from grpo_lab.config import ConfigError, derive_run_name, finalize, register_configs, validate
+from grpo_lab.config import derive_run_name, finalize, register_configs, validate
+from grpo_lab.schema import ConfigError
 
 register_configs()  # what every entry point does before Hydra composes
 

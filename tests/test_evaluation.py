@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_lab.evaluation import evaluate
-from grpo_lab.learner.sft import SFTProgress, sft_loop
+from grpo_lab.warmup import SFTProgress, sft_loop
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.phases import evaluate as phases_evaluate
 from grpo_lab.tasks.base import TaskItem

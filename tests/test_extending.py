@@ -12,7 +12,8 @@ import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from grpo_lab.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-from grpo_lab.config import ConfigError, register_configs, validate
+from grpo_lab.config import register_configs, validate
+from grpo_lab.schema import ConfigError
 from grpo_lab.rewards import REWARDS
 from helpers import train_in_process
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_lab.config import AlgorithmConfig, LearnerConfig
+from grpo_lab.schema import AlgorithmConfig, LearnerConfig
 from grpo_lab.learner.learner import Learner
 from grpo_lab.models import MODEL_BUILDERS
 

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from grpo_lab import checkpoint
-from grpo_lab.config import AlgorithmConfig, ConfigError, LearnerConfig
+from grpo_lab.schema import AlgorithmConfig, ConfigError, LearnerConfig
 from grpo_lab.learner.batch import completion_stats
 from grpo_lab.learner.learner import AdapterDisabledReference, Learner, micro_batches
 from grpo_lab.learner.schedules import lr_factor

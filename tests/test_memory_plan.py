@@ -13,9 +13,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from grpo_lab.config import ConfigError, finalize, register_configs, validate
-from grpo_lab.memory_plan import (KNOWN_ARCHITECTURES, arch_from_hf_config, check_fits, known_arch, lora_params,
-                                  plan_memory, resolve_arch)
+from grpo_lab.config import finalize, register_configs, validate
+from grpo_lab.memory_plan import check_fits, lora_params, plan_memory, resolve_arch
+from grpo_lab.models.arch import KNOWN_ARCHITECTURES, arch_from_hf_config, known_arch
+from grpo_lab.schema import ConfigError
 
 register_configs()
 CONF = Path(__file__).resolve().parents[1] / "conf"

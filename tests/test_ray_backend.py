@@ -85,7 +85,8 @@ def test_an_engine_call_past_its_timeout_raises_engine_timeout():
 
 
 def test_backend_is_validated():
-    from grpo_lab.config import ConfigError, finalize, register_configs, validate
+    from grpo_lab.config import finalize, register_configs, validate
+    from grpo_lab.schema import ConfigError
     from hydra import compose, initialize_config_dir
 
     from helpers import REPO

@@ -122,7 +122,8 @@ def test_hub_name_offline_says_what_to_do(monkeypatch):
 
 
 def test_config_validation_names_the_keys(tmp_path):
-    from grpo_lab.config import ConfigError, register_configs, validate
+    from grpo_lab.config import register_configs, validate
+    from grpo_lab.schema import ConfigError
     from hydra import compose, initialize_config_dir
 
     register_configs()  # what every entry point does before Hydra composes

@@ -85,7 +85,7 @@ def test_parse_score_and_render():
 
 
 def test_config_default_template_is_the_modules():
-    from grpo_lab.config import JudgeConfig
+    from grpo_lab.schema import JudgeConfig
     from grpo_lab.rewards.llm_judge import DEFAULT_TEMPLATE
 
     assert JudgeConfig().template == DEFAULT_TEMPLATE
@@ -126,7 +126,7 @@ def test_smollm2_judge_on_vllm():
     once per process (the second call reuses it)."""
     pytest.importorskip("vllm")
     import grpo_lab.rewards.llm_judge as lj
-    from grpo_lab.config import JudgeConfig
+    from grpo_lab.schema import JudgeConfig
     from grpo_lab.models import MODEL_BUILDERS
 
     model_dir = MODEL_BUILDERS.call("smollm2_135m", SMOLLM2_CACHE)

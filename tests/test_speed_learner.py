@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from grpo_lab.config import AlgorithmConfig, LearnerConfig
+from grpo_lab.schema import AlgorithmConfig, LearnerConfig
 from grpo_lab.learner.batch import collate, completion_logits, completion_stats, prompt_groups, token_logprobs
 from grpo_lab.learner.learner import Learner
 from grpo_lab.models import MODEL_BUILDERS
@@ -354,7 +354,8 @@ def test_shared_prompt_forward_refuses_gradient_checkpointing():
     import re
 
     from test_config import make
-    from grpo_lab.config import ConfigError, validate
+    from grpo_lab.config import validate
+    from grpo_lab.schema import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape("learner.shared_prompt_forward=true needs the model's KV cache")):
         validate(make(["learner.shared_prompt_forward=true", "learner.gradient_checkpointing=true"]))

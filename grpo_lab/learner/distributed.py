@@ -4,10 +4,11 @@
 Who does what:
 
 * Rank 0 runs the whole loop (engine, sampling, rewards, logging, files). Its learner is wrapped in a
-  `LearnerGroup`: every method call (score, update, weights_for_sync, save, ...) is first broadcast
-  (`broadcast_object_list`, the batch included) to the other ranks, then run on rank 0 too, so every
-  rank issues the same collectives in the same order. Ranks > 0 never enter Hydra or the loop: they
-  receive the resolved config from rank 0, build the same learner and serve those calls (`follow`).
+  `LearnerGroup` (grpo_lab/backends.py): every method call (score, update, weights_for_sync, save,
+  ...) is first broadcast (`broadcast_object_list`, the batch included) to the other ranks, then run
+  on rank 0 too, so every rank issues the same collectives in the same order. Ranks > 0 never enter
+  Hydra or the loop: they receive the resolved config from rank 0, build the same learner and serve
+  those calls (`backends.follow`). This module holds the torch.distributed helpers below the learner.
 * Weights: the policy (and the frozen reference, when there is one) is sharded per decoder layer
   (the model's `_no_split_modules`, e.g. LlamaDecoderLayer) plus the root, so each rank holds 1/W of
   weights, gradients and AdamW state.
@@ -207,71 +208,3 @@ def load_dcp(model, optimizer, path: str | Path) -> None:
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-
-
-# ---------------------------------------------------------------------------------------- driving
-_STOP = "__stop__"
-
-
-class LearnerGroup:
-    """Rank 0's handle: each method call runs on every rank's learner (broadcast first, then local);
-    returns rank 0's result. Attributes that are not methods read rank 0's learner."""
-
-    def __init__(self, learner):
-        self.learner = learner
-
-    def __getattr__(self, name):
-        attr = getattr(self.learner, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            sent_kwargs = {**kwargs, "tokenizer": None} if "tokenizer" in kwargs else kwargs
-            sent_args = args[:1] if name == "save" else args   # save(path, tokenizer): files come from rank 0
-            dist.broadcast_object_list([(name, sent_args, sent_kwargs)], src=0)
-            return attr(*args, **kwargs)
-        return call
-
-    def close(self) -> None:
-        """Release the other ranks (they leave `follow`); call once at the end of the run."""
-        dist.broadcast_object_list([(_STOP, (), {})], src=0)
-        dist.destroy_process_group()
-
-
-def make_learner(cfg, policy_dir: Path, **learner_kwargs):
-    """The learner of a run: a plain Learner (learner.strategy=single), or under fsdp2 rank 0's
-    LearnerGroup after sending the resolved config and model directory to the other ranks."""
-    from omegaconf import OmegaConf
-
-    from grpo_lab.learner.learner import Learner
-
-    if cfg.learner.strategy != "fsdp2":
-        return Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs)
-    init()
-    dist.broadcast_object_list([(OmegaConf.to_container(cfg, resolve=True), str(policy_dir), learner_kwargs)], src=0)
-    return LearnerGroup(Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs))
-
-
-def follow() -> None:
-    """Entry of ranks > 0: build the learner rank 0 describes, then run every call it broadcasts."""
-    from omegaconf import OmegaConf
-
-    from grpo_lab.learner.learner import Learner, set_cpu_threads
-
-    init()
-    box = [None]
-    dist.broadcast_object_list(box, src=0)
-    cfg_dict, policy_dir, learner_kwargs = box[0]
-    cfg = OmegaConf.create(cfg_dict)
-    set_cpu_threads(cfg.learner.num_threads or int(os.environ.get("OMP_NUM_THREADS") or 1))
-    learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs)
-    try:
-        while True:
-            box = [None]
-            dist.broadcast_object_list(box, src=0)
-            name, args, kwargs = box[0]
-            if name == _STOP:
-                return
-            getattr(learner, name)(*args, **kwargs)
-    finally:
-        dist.destroy_process_group()

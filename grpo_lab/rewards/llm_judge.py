@@ -165,9 +165,9 @@ atexit.register(close_judges)
 # ------------------------------------------------------------------------------------- the reward
 def check_llm_judge(rw: Any, errors: list[str]) -> None:
     """reward.judge settings (the REWARDS `check` fact), checked before anything loads."""
-    from grpo_lab.config import check_registered
     from grpo_lab.models import MODEL_BUILDERS
     from grpo_lab.prompts import check_chat_template
+    from grpo_lab.registry import check_registered
     from grpo_lab.rollout import ROLLOUT_ENGINES
 
     j = rw.judge

@@ -2,13 +2,11 @@
 
 Why: with `trainer.max_staleness=1` the engine samples step k+1 while the learner trains on step k.
 vLLM's `LLM` object is a client that runs in the process that calls it: it fans each prompt out into
-G requests, decodes the engine's msgpack replies and builds per-token logprobs and text (py-spy on the
-default run: ~40 ms of Python per 256-sample step, besides the EngineCore's own process). In the
-learner's process that client shares one interpreter with the learner, so the two phases mostly take
-turns: measured here, the trainer process used 210 ms of CPU per 240 ms overlapped step (1.14 of the 2
-cores busy), and overlap gained 1.16x; with the engine as a Ray actor it gained 1.34x (scripts/bench.py,
-overlap rows). This backend is the same split without Ray: the learner, rewards and the loop stay
-here, the engine lives in one spawned child, and calls travel over a pipe.
+G requests, decodes the engine's msgpack replies and builds per-token logprobs and text, besides the
+EngineCore's own process. In the learner's process that client shares one interpreter with the
+learner, so the two phases mostly take turns instead of overlapping (README, Speed: the overlap rows of
+scripts/bench.py). This backend is the split a Ray actor gives, without Ray: the learner, rewards and
+the loop stay here, the engine lives in one spawned child, and calls travel over a pipe.
 
     trainer process (loop, learner, rewards) ── pipe ──▶ engine process (make_engine(...): vLLM's
                                                           client; vLLM's EngineCore under it)
@@ -68,13 +66,12 @@ def _rebuild(payload) -> BaseException:
 
 def _serve(conn, model_dir: str, rollout_cfg: dict, seed: int, device: str, num_threads: int, parent: int):
     """The child: build the engine, then answer (method, args, kwargs) requests until close or EOF."""
-    from grpo_lab.learner.learner import set_cpu_threads
     from grpo_lab.rollout import lifeline, make_engine
 
     lifeline.set_parent_death_signal()
     if os.getppid() != parent:   # the trainer died before prctl ran
         os._exit(1)
-    set_cpu_threads(num_threads)
+    torch.set_num_threads(num_threads)   # the learner's budget (EngineProcess: >= 1)
     try:
         engine = make_engine(Path(model_dir), OmegaConf.create(rollout_cfg), seed=seed, device=device)
     except BaseException as err:   # noqa: BLE001  (handed to the parent, which raises it)
@@ -108,8 +105,8 @@ class EngineProcess:
         # The engine's changed-only filter keys tensors by storage address and version counter. Tensors
         # that arrive through shared memory are new objects at version 0, and torch maps a storage it has
         # seen before at the same address: after the first push every tensor would look unchanged and
-        # the engine would keep its old weights (measured: |log π_learner − log π_sampler| 0.128 per token
-        # vs 0.015, and no learning, in the async table's first run of this backend). Send everything.
+        # the engine would keep its old weights (the sampler's logprobs drift from the learner's and the
+        # policy stops learning). Send everything.
         config["sync_changed_only"] = False
         self._conn, child = _SPAWN.Pipe()
         # Not a daemon: the engine starts processes of its own (vLLM's EngineCore), which daemons may not.

@@ -14,7 +14,7 @@ What is the same as an RL run (the overrides after `--` are the RL runs' own):
     number of learner threads (learner.num_threads, or the trainer's rule when null), the same
     device and the same cached warm-up checkpoint (same model, task, warm-up settings and seed give
     the same cache key);
-  - the training loop: grpo_lab.learner.sft.sft_loop, the warm-up's own loop (task.splits["train"]
+  - the training loop: grpo_lab.warmup.sft_loop, the warm-up's own loop (task.splits["train"]
     worked solutions, loss on completion tokens only), stopped by wall time instead of accuracy;
   - the evaluation: grpo_lab.evaluation.evaluate_held_out (greedy, and mean@k with
     trainer.eval_sampled_k; trainer.eval_split, rollout.max_new_tokens) with an HF engine sharing
@@ -56,7 +56,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     from grpo_lab.evaluation import evaluate_held_out
-    from grpo_lab.learner.sft import SFTProgress, sft_loop, shared_weights_engine
+    from grpo_lab.warmup import SFTProgress, sft_loop, shared_weights_engine
     from grpo_lab.run_setup import log_initial_eval, start_run
 
     start = start_run(cfg)   # the RL runs' seed, learner threads, device, warm-up checkpoint and tokenizer

@@ -3,8 +3,8 @@
 RL from a model that never answers correctly learns nothing (every group's rewards agree), and RL
 from a model that already solves the task has nothing to learn. The warm-up trains on the task's
 worked solutions (loss on completion tokens only) and stops once *sampled* (T=1) dev accuracy
-reaches a target: the calibration in shared/ENVIRONMENT.md found greedy accuracy a misleading
-stopping signal (greedy is far ahead of what sampled rollouts see).
+reaches a target: greedy accuracy is a misleading stopping signal (greedy is far ahead of what
+sampled rollouts see).
 
 The result is cached under a key of everything that shapes it, so later runs reuse it.
 """
@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lab.evaluation import evaluate
 from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, encode_target, token_logprobs
+from grpo_lab.rollout.hf_engine import HFEngine
 
 
 def cache_key(*parts) -> str:
@@ -36,12 +37,8 @@ def cache_key(*parts) -> str:
 
 
 def shared_weights_engine(model, tokenizer):
-    """An engine generating with `model` itself (no copy), so every evaluation sees the current weights.
-
-    Only the transformers engine can share a live torch module; it is imported here, when an SFT loop
-    evaluates, so that importing grpo_lab.learner does not import grpo_lab.rollout."""
-    from grpo_lab.rollout.hf_engine import HFEngine
-
+    """An engine generating with `model` itself (no copy), so every evaluation sees the current weights
+    (only the transformers engine can share a live torch module)."""
     return HFEngine(model, tokenizer)
 
 

@@ -1,0 +1,457 @@
+"""The typed schema of every run: one dataclass per config group, merged by Hydra into `Config`.
+
+The YAML files under `conf/` hold the *values*; the dataclasses here hold the *types*. Hydra merges
+each group's YAML into `Config` (stored as `base_config` by `grpo_lab.config.register_configs`), so a
+misspelt key fails at start ("Key 'clip_lo' not in 'AlgorithmConfig'") and a wrong type fails with
+OmegaConf's message. Value constraints that types cannot express are checked by
+`grpo_lab.config.validate`. This module imports nothing of the lab, so every layer may read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message says what to change."""
+
+
+@dataclass
+class KLConfig:
+    # KL(π || π_ref) coefficient β; 0 means no reference model is loaded at all.
+    coef: float = 0.0
+    # Estimator of the per-token KL (Schulman's k1, k2, k3; GRPO uses k3).
+    estimator: str = "k3"
+    # "loss": added to the policy loss (GRPO); "reward": subtracted from the token rewards (PPO, REINFORCE++).
+    placement: str = "loss"
+
+
+@dataclass
+class OverlongConfig:
+    # Overlong filtering (DAPO §3.4): truncated completions are masked out of the loss.
+    filter: bool = False
+    # Soft overlong punishment (DAPO eq. 13): buffer length L_cache in tokens before max_new_tokens; 0 = off.
+    soft_buffer: int = 0
+    # Penalty at (and beyond) the maximum length.
+    soft_penalty: float = 1.0
+
+
+@dataclass
+class DynamicSamplingConfig:
+    # DAPO dynamic sampling: drop groups whose rewards all agree; resample prompts until the batch is full.
+    enabled: bool = False
+    # Cap on sampling rounds per step; exceeding it raises (the task is too easy or too hard for this policy).
+    max_rounds: int = 8
+
+
+@dataclass
+class CriticConfig:
+    # Train a value model (PPO). Needed by the "gae" advantage estimator.
+    enabled: bool = False
+    # Learning rate of the critic's optimizer.
+    lr: float = 1e-3
+    # Clip range of the clipped value loss (PPO); value updates beyond old_value ± clip are not rewarded.
+    value_clip: float = 0.2
+    # Weight of the value loss (its own optimizer, so this only scales its gradient).
+    coef: float = 1.0
+    # A separate HF model directory for the critic's trunk; null = a copy of the policy's trunk.
+    model_path: Optional[str] = None
+
+
+@dataclass
+class PreferenceConfig:
+    # Registered preference loss (grpo_lab/algos/preference.py): dpo (arXiv 2305.18290) or ipo (2310.12036).
+    loss: str = "dpo"
+    # Registered pairing of a scored group: best_worst (one pair per group) or all_pairs (every ordered
+    # pair with different rewards: "group DPO").
+    pairing: str = "best_worst"
+    # DPO temperature β.
+    beta: float = 0.1
+    # Weight group pairs by Bradley-Terry confidence σ(r_w − r_l).
+    bt_weighting: bool = False
+    # Where pairs come from: "policy" (the policy's own scored groups) or a local JSONL path with
+    # prompt/chosen/rejected fields.
+    pairs: str = "policy"
+
+
+@dataclass
+class AlgorithmConfig:
+    # Name used in run names and wandb job_type; the recipe file sets it.
+    name: str = "grpo"
+    # How the parts below are combined into a loss: "policy_gradient" (GRPO family, PPO) or "preference" (DPO).
+    objective: str = "policy_gradient"
+    # Registered advantage estimator (grpo_lab/algos/advantages.py).
+    advantage: str = "group_zscore"
+    # ε added to the group std in z-score advantages.
+    adv_eps: float = 1e-6
+    # Discount γ and GAE λ (token-level estimators only).
+    gamma: float = 1.0
+    lam: float = 1.0
+    # Registered policy loss (grpo_lab/algos/policy_losses.py).
+    policy_loss: str = "clipped_surrogate"
+    # Clip range [1 − clip_low, 1 + clip_high]; clip_high > clip_low is DAPO's clip-higher.
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    # Dual-clip constant c > 1 for negative advantages (arXiv 1912.09729); null = off.
+    dual_clip: Optional[float] = None
+    # Loss aggregation mode (grpo_lab/algos/aggregation.py).
+    aggregation: str = "token_mean"
+    # Updates per rollout batch: μ epochs × minibatches; the sampler's logprobs are π_old throughout.
+    epochs: int = 1
+    minibatches: int = 1
+    kl: KLConfig = field(default_factory=KLConfig)
+    # Entropy bonus coefficient (0 = only logged).
+    entropy_coef: float = 0.0
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    # Truncated importance-sampling correction for rollout/learner mismatch: cap C; null = off.
+    tis_cap: Optional[float] = None
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    # Running (EMA) reward normalisation decay; null = off.
+    reward_ema_decay: Optional[float] = None
+    # Best-of-group supervised anchor: NLL weight λ on each group's best completion (0 = off) ...
+    sft_anchor_coef: float = 0.0
+    # ... reached linearly over this many steps.
+    sft_anchor_warmup: int = 0
+
+
+@dataclass
+class ModelConfig:
+    # Registered model builder (grpo_lab/models): tiny_llama, smollm2_135m, pretrained.
+    builder: str = "tiny_llama"
+    # tiny_llama sizes (conf/model/tiny_llama.yaml sets them; null = not passed to the builder, as
+    # for the pretrained builders, which take none).
+    hidden_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    num_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
+    tie_word_embeddings: Optional[bool] = None
+    # pretrained: a local Hugging Face model directory.
+    path: Optional[str] = None
+
+
+@dataclass
+class TaskConfig:
+    # Task source: a registered one (grpo_lab/tasks: reasoning_gym, local_dataset) or a plug-in factory
+    # "package.module:function" returning a grpo_lab.tasks.Task.
+    source: str = "reasoning_gym"
+    # reasoning-gym generator name (task.name=chain_sum) or a label for a local dataset.
+    name: str = "chain_sum"
+    # Extra arguments of the generator (reasoning_gym.create_dataset(name, **dataset_kwargs)); each
+    # conf/task file sets its own, so switch tasks with task=<file> (task.name=... keeps these keys).
+    dataset_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # "question" (generator text) or "compact" (short form for tiny character-level models).
+    prompt_format: str = "question"
+    # Items in the train split (RL prompts and warm-up data); >= 1.
+    train_size: int = 20000
+    # Items in the dev split (the warm-up's stopping rule); >= 1.
+    dev_size: int = 200
+    # Items in the test split (held-out evaluation); >= 1.
+    test_size: int = 200
+    # Split seeds; reasoning-gym seeds item i with seed + i, so they must be more than a split size apart.
+    train_seed: int = 1_000_000
+    # Seed of the dev split (see train_seed).
+    dev_seed: int = 2_000_000
+    # Seed of the test split (see train_seed).
+    test_seed: int = 3_000_000
+    # local_dataset: file (JSONL/JSON/parquet/CSV) or hub name.
+    path: Optional[str] = None
+    # local_dataset: field holding the prompt text.
+    prompt_field: str = "prompt"
+    # local_dataset: field holding the reference answer.
+    answer_field: str = "answer"
+    # local_dataset: field holding the SFT target (null = the answer).
+    solution_field: Optional[str] = None
+    # local_dataset: {split: file} when the data comes pre-split (e.g. {train: a.jsonl, test: b.jsonl}).
+    splits: Optional[Dict[str, str]] = None
+    # How answers are written and extracted: plain (whole completion), hash ("#### 42"), tags
+    # (<answer>42</answer>); null = the source's default.
+    answer_format: Optional[str] = None
+    # Template around each prompt, e.g. "Question: {prompt}\nAnswer:".
+    prompt_template: str = "{prompt}"
+    # Longest completion the task needs, in tokens (sets rollout.max_new_tokens by default).
+    max_completion_tokens: int = 8
+    # How prompts reach the model (grpo_lab/prompts.py): auto (its chat template if it has one), none, or a .jinja path.
+    chat_template: str = "auto"
+    # System message before each prompt when a chat template is used (null = the template's own default).
+    system_prompt: Optional[str] = None
+    # local_dataset from the hub: the dataset's configuration name (e.g. "main" for openai/gsm8k).
+    hub_config: Optional[str] = None
+
+
+@dataclass
+class JudgeConfig:
+    # Builder of the frozen judge model (grpo_lab.models.MODEL_BUILDERS): smollm2_135m, or pretrained + path.
+    builder: str = "smollm2_135m"
+    # builder=pretrained: the judge's local HF model directory.
+    path: Optional[str] = None
+    # Where built judge models are cached (one directory per builder, shared by all runs).
+    cache_dir: str = "${cache_dir}/models"
+    # Engine serving the judge (grpo_lab.rollout.ROLLOUT_ENGINES): vllm, or hf (transformers generate).
+    engine: str = "vllm"
+    # Judge prompt; {prompt}, {completion} and {answer} are replaced (grpo_lab/rewards/llm_judge.py).
+    template: str = (
+        "You are grading a student's answer to a question.\n\nQuestion: {prompt}\n\nReference answer: {answer}\n\n"
+        "Student's response: {completion}\n\nIf the student's final answer agrees with the reference answer, reply "
+        "'Score: 10/10'; if it does not, reply 'Score: 0/10'. Then give one sentence of feedback."
+    )
+    # How the judge prompt reaches the judge: auto (its chat template), none, or a .jinja path.
+    chat_template: str = "auto"
+    # System message for the judge (null = its template's default).
+    system_prompt: Optional[str] = None
+    # Text the judge's answer starts with (written for it), so even a small judge begins with its number.
+    response_prefix: str = "Score:"
+    # Scale of a bare "Score: N" (a written "N/M" uses M).
+    score_max: float = 10.0
+    # Tokens the judge may write (score + feedback); decoding is greedy.
+    max_new_tokens: int = 48
+    # Completions longer than this many characters are cut before judging (null = never).
+    max_completion_chars: Optional[int] = 2000
+    # Judge engine: context length.
+    max_model_len: int = 2048
+    # Judge engine (vLLM): share of device memory (CPU build: of RAM) for weights + KV cache (0.1 was too small for SmolLM2 here).
+    gpu_memory_utilization: float = 0.25
+    # Judge weights' dtype in the engine.
+    dtype: str = "float32"
+    # Seconds one judge generate call may run (null = no limit).
+    generate_timeout_s: Optional[float] = 600.0
+
+
+@dataclass
+class RewardConfig:
+    # Reward functions and their weights (weighted sum): a registered name (grpo_lab/rewards) or a
+    # plug-in import path, e.g. +reward.weights={my_pkg.rewards.length_penalty: 0.5} (or "pkg.mod:fn").
+    weights: Dict[str, float] = field(default_factory=lambda: {"correctness_binary": 1.0})
+    # Seconds one reward-function call may run (null = no limit); timed-out samples get on_error.
+    timeout_s: Optional[float] = 60.0
+    # Reward given to a sample whose reward function raised, returned NaN/inf or timed out.
+    on_error: float = 0.0
+    # Fail the run when more than this fraction of a step's samples had a failed reward (0 = any).
+    max_error_frac: float = 0.1
+    # The frozen judge model of reward llm_judge (read only when reward.weights names llm_judge).
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+
+
+@dataclass
+class RolloutConfig:
+    # Engine behind the RolloutEngine protocol: "vllm" (real engine, CPU or CUDA build) or "hf" (transformers generate).
+    engine: str = "vllm"
+    # G: completions sampled per prompt.
+    group_size: int = 8
+    # Optional schedule {start_step: G} overriding group_size from each start step on (null = fixed G).
+    # Untyped on purpose: OmegaConf cannot merge a command-line dict ({1:4,50:8}) into a null typed
+    # Dict node, nor add keys to a struct one; validate() checks keys and values instead.
+    group_size_schedule: Optional[Any] = None
+    # Sampling temperature for training rollouts (evaluation is greedy).
+    temperature: float = 1.0
+    # Nucleus sampling threshold for training rollouts (1.0 = off).
+    top_p: float = 1.0
+    # Maximum completion length; completions that hit it are "truncated".
+    max_new_tokens: int = "${task.max_completion_tokens}"  # type: ignore[assignment]
+    # vLLM: fraction of device memory (on the CPU backend: of RAM) reserved for the KV cache.
+    gpu_memory_utilization: float = 0.1
+    # vLLM: context length the engine allocates for.
+    max_model_len: int = 256
+    # vLLM: eager mode (no graph capture); required for fast start-up on CPU.
+    enforce_eager: bool = True
+    # Numeric type of the engine's weights; fp32 keeps engine and learner logprobs within 1e-3.
+    dtype: str = "float32"
+    # vLLM: seconds one generate call (rollout or evaluation) may take before the run fails; null = no limit.
+    generate_timeout_s: Optional[float] = 600.0
+    # vLLM: seconds one weight push into the engine may take before the run fails (null = no limit).
+    sync_timeout_s: Optional[float] = 300.0
+    # vLLM weight push: auto | cpu (shared-memory buckets) | cuda_ipc (engine on the learner's GPU only) | nccl (engine on other GPUs) | pickle (old, bench baseline).
+    sync_transport: str = "auto"
+    # vLLM weight push: size of one flattened bucket in MiB (bounds the transient copy; a layer is never split).
+    sync_bucket_mb: float = 256.0
+    # vLLM weight push: send only tensors whose storage/version changed since the last push (whole fused layers).
+    sync_changed_only: bool = True
+    # vLLM: devices one engine's weights are split over (tensor parallelism; CPU: core groups).
+    tensor_parallel_size: int = 1
+    # Engine replicas, each with tensor_parallel_size devices of its own; a step's prompts are split
+    # among them and new weights go to all (grpo_lab/rollout/data_parallel.py).
+    data_parallel_size: int = 1
+    # hf engine: "generate" (transformers generate on every row; the committed tables) or "shared_prefill"
+    # (each distinct prompt's forward once, its G samples decode from its KV cache; same distribution).
+    sampler: str = "generate"
+
+
+@dataclass
+class LoRAConfig:
+    # LoRA rank r (arXiv 2106.09685) through peft; 0 = off (full fine-tuning).
+    rank: int = 0
+    # LoRA α: the update B·A is scaled by α / r.
+    alpha: float = 16.0
+    # Dropout on the adapter's input (0 = off; it also makes training-mode logprobs stochastic).
+    dropout: float = 0.0
+    # Module names that get adapters. Default: every linear projection of a Llama / Qwen2 / Mistral
+    # block; the LoRA paper adapted only q_proj, v_proj, but attention-only LoRA learns less than
+    # LoRA on the MLPs too ("LoRA Without Regret", Schulman et al., Thinking Machines 2025).
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+
+
+# learner.dtype's choices: fp32, or bf16 autocast over fp32 master weights.
+LEARNER_DTYPES = ("fp32", "bf16")
+
+
+@dataclass
+class LearnerConfig:
+    # AdamW learning rate of the policy.
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    # Global gradient-norm clip (0 = off).
+    grad_clip: float = 1.0
+    # Sequences per forward/backward; a minibatch is split into micro-batches and gradients accumulated.
+    micro_batch_size: int = 64
+    # "cpu" or "cuda" ("auto" picks cuda when available).
+    device: str = "auto"
+    # torch CPU threads of the learner process; null = half the cores (the rollout engine's process
+    # gets the rest): oversubscribed OpenMP threads spin against each other, so the two processes'
+    # threads together should not exceed the cores.
+    num_threads: Optional[int] = None
+    # Compute dtype: "fp32", or "bf16" = bf16 autocast forward over fp32 master weights, fp32
+    # gradients and fp32 AdamW state (mixed precision, arXiv 1710.03740).
+    dtype: str = "fp32"
+    # Recompute each decoder layer's activations in backward (HF gradient_checkpointing_enable,
+    # use_reentrant=False): less activation memory for ~1 extra forward.
+    gradient_checkpointing: bool = False
+    # LoRA adapters (peft); rank 0 = full fine-tuning. With LoRA the reference is the base with adapters off.
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    # Token budget per micro-batch: rows × padded width ≤ this (rows sorted by length, padding
+    # trimmed per micro-batch); null = micro_batch_size sequences per micro-batch.
+    max_tokens_per_micro_batch: Optional[int] = None
+    # Leave out of the update's forward/backward the rows whose loss and gradient are exactly 0 by
+    # construction (all-zero advantages: a group whose rewards agree; no token in the loss mask), as
+    # the objective says (Objective.rows_without_gradient). The gradient is the same sum up to float
+    # rounding (so not bit for bit: off by default, which keeps the committed tables reproducible);
+    # actor/ metrics then average over the rows trained on. actor/rows_without_gradient_frac says
+    # how much it saves.
+    skip_rows_without_gradient: bool = False
+    # Each distinct prompt of a micro-batch through the model once; the rows sharing it run only their
+    # completions, attending to its keys and values on the autograd graph (Prefix Grouper's shared-prefix
+    # forward, arXiv 2506.05433): a group of G costs P + G·T positions instead of G·(P + T). Same
+    # logprobs and gradients up to float rounding (off by default, like skip_rows_without_gradient);
+    # needs the KV cache, so not with gradient_checkpointing.
+    shared_prompt_forward: bool = False
+    # The policy's attention kernel (transformers' attn_implementation): null = the model's default
+    # (sdpa); eager = plain matmul/softmax, which holds the [rows, heads, L, L] attention weights but is
+    # faster for short rows (the tiny model: learner phase -18 % with shared_prompt_forward);
+    # flash_attention_2 on GPUs that have it. Same math up to rounding.
+    attn_implementation: Optional[str] = None
+    # Token logprobs and entropy from the LM head in chunks of this many (row, position) slots, each
+    # recomputed in backward, so full-vocabulary fp32 logits never exist for a whole micro-batch; null = off.
+    logits_chunk_tokens: Optional[int] = None
+    # Learning-rate schedule over RL steps (one per learner update): constant, cosine or linear decay to 0.
+    lr_schedule: str = "constant"
+    # Linear warm-up of the learning rate over this many RL steps (0 = none).
+    warmup_steps: int = 0
+    # Length of the schedule in RL steps; defaults to trainer.total_steps.
+    total_steps: Optional[int] = "${trainer.total_steps}"  # type: ignore[assignment]
+    # Memory of one learner device in GB (1e9 bytes); null = detect (CUDA total memory, or RAM on CPU).
+    device_memory_gb: Optional[float] = None
+    # Learner devices; > 1 means FSDP-style full sharding of weights, gradients and optimizer state.
+    num_devices: int = 1
+    # Memory plan before any weights load (grpo_lab/memory_plan.py): "check" refuses a config that does
+    # not fit, "warn" only warns, "off" skips it.
+    memory_plan: str = "check"
+    # single = one process; fsdp2 = FSDP2 (fully_shard) over the ranks of a torchrun launch (make run-fsdp).
+    strategy: str = "single"
+
+
+@dataclass
+class WarmupConfig:
+    # Supervised warm-up on the task's worked solutions before RL (0 steps = skip).
+    max_steps: int = 1500
+    lr: float = 1e-3
+    batch_size: int = 128
+    # Stop once *sampled* (T=1) dev accuracy reaches this (greedy accuracy overstates readiness for RL).
+    target_sampled_dev_accuracy: float = 0.30
+    # Check the stopping rule every this many steps.
+    eval_every: int = 50
+    # Reuse a cached warmed-up checkpoint keyed by model, task, warm-up config and seed.
+    cache: bool = True
+
+
+@dataclass
+class TrainerConfig:
+    # RL steps (one rollout batch each); the run stops at whichever budget is reached first.
+    total_steps: int = 150
+    # Budget in generated completions (null = none): holds sampling cost fixed across group sizes.
+    total_samples: Optional[int] = None
+    # Prompts per step (each sampled group_size times).
+    prompts_per_step: int = 32
+    # Greedy held-out evaluation every this many steps (0 = only before and after).
+    eval_every: int = 50
+    # Held-out prompts used for evaluation ("test" split).
+    eval_split: str = "test"
+    # Also score k samples per held-out item at rollout.temperature and log their mean accuracy as
+    # eval/sampled_accuracy (mean@k; DAPO reports avg@32): what the policy does when it samples, which
+    # greedy accuracy hides when RL only sharpens the distribution. 0 = greedy only.
+    eval_sampled_k: int = 0
+    # Save the final policy under <run_dir>/checkpoints/final.
+    save_checkpoint: bool = True
+    # Write a resumable checkpoint (policy, optimizer, RNGs, prompt stream, counters...) every N steps; 0 = off.
+    checkpoint_every: int = 0
+    # Resumable checkpoints kept (the oldest beyond this are deleted).
+    keep_checkpoints: int = 2
+    # null = fresh run; "auto" = continue from the newest checkpoint of this run directory (if any);
+    # or a checkpoint directory (<run dir>/checkpoints/step_N) to continue from.
+    resume: Optional[str] = None
+    # Every this many steps, the first trainer.samples_per_log training samples (prompt, completion, reward,
+    # answer, reward functions' extras such as a judge's feedback) go to samples.jsonl and a wandb Table;
+    # every evaluation logs its first samples_per_log completions too. 0 = training samples off.
+    log_samples_every: int = 10
+    samples_per_log: int = 8
+    # How many updates the sampler may run ahead of the learner: 0 = synchronous (sample, learn, push;
+    # the default and what the paper tables use); 1 = the engine samples step k+1 while the learner
+    # trains on step k, from weights at most one update old (grpo_lab/phases.py: RolloutPipeline).
+    max_staleness: int = 0
+    # Steps whose rewards, loss or gradient norm are not finite are skipped (no optimizer step, counted
+    # as actor/skipped_steps); the run fails once more than this many were skipped.
+    max_bad_steps: int = 3
+    # Where the learner and the rollout engine run: "local" (this process), "engine_process" (the learner
+    # here, the engine with vLLM's client in a child process: what trainer.max_staleness=1 wants;
+    # grpo_lab/rollout/engine_process.py) or "ray" (Ray actors in a placement group; RAY_ADDRESS = an
+    # existing cluster, else a local one; grpo_lab/ray_backend.py).
+    backend: str = "local"
+    # CPU cores when the rollout engine computes in processes of its own on the CPU (vLLM's CPU build):
+    # "split" = the learner's threads on the first learner.num_threads cores, the engine's processes on
+    # the rest (vLLM's readers spin while they wait, stealing a shared core's time slices from the
+    # learner; grpo_lab/cpu_placement.py); "shared" = the OS spreads both over every core; "auto" =
+    # split when trainer.max_staleness > 0 (both compute at once), shared in the synchronous loop.
+    cpu_placement: str = "auto"
+
+
+@dataclass
+class LoggerConfig:
+    # "wandb" or "none"; metrics.jsonl and summary.json are written either way.
+    backend: str = "wandb"
+    project: str = "grpo_lab"
+    # wandb mode: "offline" unless the user configured wandb online (WANDB_MODE / `wandb login`); null = auto.
+    mode: Optional[str] = None
+    entity: Optional[str] = None
+    # wandb group; multirun jobs default to the sweep's name.
+    group: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0
+    # Derived at start (see derive_run_name) unless set.
+    run_name: Optional[str] = None
+    # Shared cache for built models and warmed-up checkpoints (relative to the launch directory).
+    cache_dir: str = ".cache/grpo_lab"
