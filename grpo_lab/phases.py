@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import random
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import torch
+from omegaconf import OmegaConf
 
 from grpo_lab.algos import ema_reward_normalize, group_stats, informative_group_mask, soft_overlong_penalty
 from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
 from grpo_lab.rewards import compute_rewards, contained_settings, is_correct
+from grpo_lab.rewards.noise import REWARD_NOISE, noise_metrics
 from grpo_lab.rollout import Rollout
 
 
@@ -90,9 +93,11 @@ def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: in
                            max_new_tokens=rollout_cfg.max_new_tokens, seed=seed)
 
 
-def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new_tokens: int) -> tuple[ScoredRollout, dict]:
+def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new_tokens: int,
+                 seed: int) -> tuple[ScoredRollout, dict]:
     """Weighted sum of the registered reward functions (each sample contained: a function that raises,
-    returns NaN or times out scores `reward.on_error` and is counted), plus DAPO's soft overlong punishment."""
+    returns NaN or times out scores `reward.on_error` and is counted), then `reward.noise` (seeded by
+    the rollout's `seed`), plus DAPO's soft overlong punishment."""
     seq_items = [items[g] for g in rollout.group_ids]
     result = compute_rewards(rollout.texts, seq_items, list(reward_cfg.weights.items()),
                              **contained_settings(reward_cfg))
@@ -101,13 +106,37 @@ def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new
     correct = torch.tensor([float(is_correct(t, it)) for t, it in zip(rollout.texts, seq_items)])
     metrics = {f"reward/{name}": float(sum(v) / max(len(v), 1)) for name, v in per_fn.items()}
     metrics.update(result.metrics)
+    info = result.info
+    if reward_cfg.noise.kind != "none":
+        info = {**info, "clean_reward": [float(r) for r in rewards]}   # next to the noisy one in samples
+        rewards, realised = noisy_rewards(rewards, rollout, seq_items, reward_cfg.noise, seed=seed,
+                                          max_new_tokens=max_new_tokens)
+        metrics.update(realised)
     if algo_cfg.overlong.soft_buffer > 0:
         lengths = torch.tensor([len(c) for c in rollout.completion_ids])
         penalty = soft_overlong_penalty(lengths, max_len=max_new_tokens, buffer_len=algo_cfg.overlong.soft_buffer,
                                         penalty=algo_cfg.overlong.soft_penalty)
         rewards = rewards + penalty
         metrics["reward/overlong_penalty"] = float(penalty.mean())
-    return ScoredRollout(rollout, seq_items, rewards, correct, result.info), metrics
+    return ScoredRollout(rollout, seq_items, rewards, correct, info), metrics
+
+
+def noisy_rewards(clean: torch.Tensor, rollout: Rollout, seq_items: list, noise_cfg, *, seed: int,
+                  max_new_tokens: int) -> tuple[torch.Tensor, dict]:
+    """`reward.noise` on a rollout's rewards [N], with its realised-noise metrics under reward/. The
+    generator is seeded by the rollout's own seed, so a resumed run draws the same noise."""
+    generator = torch.Generator().manual_seed(seed + _NOISE_SEED_OFFSET)
+    noisy, metrics = REWARD_NOISE.call(
+        noise_cfg.kind, clean, generator=generator, seed=seed, max_new_tokens=max_new_tokens,
+        prompt_keys=torch.tensor([zlib.crc32(repr(it.prompt).encode()) for it in seq_items]),
+        lengths=torch.tensor([len(c) for c in rollout.completion_ids]),
+        **OmegaConf.to_container(noise_cfg, resolve=True))
+    metrics = {**metrics, **noise_metrics(clean, noisy)}
+    return noisy, {f"reward/{k}": v for k, v in metrics.items()}
+
+
+# Keeps the noise stream apart from the sampler's, which is seeded with the same rollout seed.
+_NOISE_SEED_OFFSET = 7_919
 
 
 def group_size_at(step: int, rollout_cfg) -> int:
@@ -148,11 +177,12 @@ class GroupSampler:
         items = self.stream.take(k)
         self.calls += 1
         t0 = time.time()
+        seed = self.seed * 1_000_003 + self.calls * 10_007
         rollout = rollout_phase(self.engine, self.tokenizer, items, self.cfg.rollout,
-                                group_size=self.group_size, seed=self.seed * 1_000_003 + self.calls * 10_007)
+                                group_size=self.group_size, seed=seed)
         t1 = time.time()
         scored, metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
-                                       max_new_tokens=self.cfg.rollout.max_new_tokens)
+                                       max_new_tokens=self.cfg.rollout.max_new_tokens, seed=seed)
         for key in ("reward/errors", "reward/timeouts"):  # counts add up over dynamic-sampling rounds
             metrics[key] = metrics.get(key, 0.0) + self.reward_metrics.get(key, 0.0)
         self.reward_metrics = metrics

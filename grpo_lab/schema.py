@@ -221,10 +221,28 @@ class JudgeConfig:
 
 
 @dataclass
+class RewardNoiseConfig:
+    # Registered noise on the training reward (grpo_lab/rewards/noise.py): none, flip (1/0 rewards),
+    # gaussian, judge_like. Evaluation always scores with the clean verifier.
+    kind: str = "none"
+    # flip: probability that a 1/0 reward is flipped.
+    flip_prob: float = 0.0
+    # gaussian and judge_like: std of the per-sample additive noise.
+    std: float = 0.0
+    # judge_like: std of the bias the judge holds for each prompt (fixed per prompt text).
+    prompt_bias_std: float = 0.0
+    # judge_like: reward added for a completion of rollout.max_new_tokens tokens (proportionally less
+    # for shorter ones): the judge's preference for long answers.
+    length_bias: float = 0.0
+
+
+@dataclass
 class RewardConfig:
     # Reward functions and their weights (weighted sum): a registered name (grpo_lab/rewards) or a
     # plug-in import path, e.g. +reward.weights={my_pkg.rewards.length_penalty: 0.5} (or "pkg.mod:fn").
-    weights: Dict[str, float] = field(default_factory=lambda: {"correctness_binary": 1.0})
+    # Empty here: the reward group (conf/reward/*.yaml) names them. A default here would be merged
+    # into every group's dict, silently adding correctness_binary to reward=scorer or llm_judge.
+    weights: Dict[str, float] = field(default_factory=dict)
     # Seconds one reward-function call may run (null = no limit); timed-out samples get on_error.
     timeout_s: Optional[float] = 60.0
     # Reward given to a sample whose reward function raised, returned NaN/inf or timed out.
@@ -233,6 +251,8 @@ class RewardConfig:
     max_error_frac: float = 0.1
     # The frozen judge model of reward llm_judge (read only when reward.weights names llm_judge).
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    # Controlled noise on the training reward, after the reward functions, before shaping and advantages.
+    noise: RewardNoiseConfig = field(default_factory=RewardNoiseConfig)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from grpo_lab.prompts import check_chat_template
 from grpo_lab.registry import check_registered
 from grpo_lab.rewards import REWARDS
 from grpo_lab.rewards.answers import ANSWER_FORMATS
+from grpo_lab.rewards.noise import REWARD_NOISE
 from grpo_lab.tasks import TASKS
 
 
@@ -52,6 +53,29 @@ def _validate_reward(rw: Any, errors: list[str]) -> None:
     if not (_finite(rw.max_error_frac) and 0.0 <= float(rw.max_error_frac) <= 1.0):
         errors.append(f"reward.max_error_frac={rw.max_error_frac} must lie in [0, 1] (0 = any failed reward "
                       "fails the run; 0.1 tolerates 10 % of a step's samples)")
+
+
+def _validate_reward_noise(rw: Any, errors: list[str]) -> None:
+    nz = rw.noise
+    if not check_registered(REWARD_NOISE, nz.kind, "reward.noise.kind", errors):
+        return
+    if not (_finite(nz.flip_prob) and 0.0 <= float(nz.flip_prob) <= 1.0):
+        errors.append(f"reward.noise.flip_prob={nz.flip_prob} must lie in [0, 1] (e.g. 0.2)")
+    for key in ("std", "prompt_bias_std"):
+        if not (_finite(nz[key]) and float(nz[key]) >= 0.0):
+            errors.append(f"reward.noise.{key}={nz[key]} must be a finite number >= 0 (0 = off)")
+    if not _finite(nz.length_bias):
+        errors.append(f"reward.noise.length_bias={nz.length_bias} must be a finite number (0 = off)")
+    # A flip turns 1 into 0 and 0 into 1: the reward must be one registered 1/0 reward at weight 1
+    # (a plug-in is checked on its first values instead).
+    if REWARD_NOISE.fact(nz.kind, "binary_only"):
+        names = [str(n) for n in rw.weights]
+        registered = [n for n in names if n in REWARDS.names()]
+        if registered and (len(names) != 1 or float(rw.weights[names[0]]) != 1.0
+                           or not REWARDS.fact(names[0], "binary")):
+            errors.append(f"reward.noise.kind={nz.kind} flips a 1/0 reward, but reward.weights="
+                          f"{dict(rw.weights)} is not one 1/0 reward at weight 1: use reward=correctness "
+                          "(correctness_binary) or reward.noise.kind=gaussian for graded rewards")
 
 
 def _validate_rollout(r: Any, errors: list[str]) -> None:
@@ -104,6 +128,7 @@ def validate_rollout_reward_task(cfg: Any, errors: list[str]) -> None:
     """Append a message to ``errors`` for every bad value in ``cfg.reward``, ``cfg.rollout`` and
     ``cfg.task``; cheap enough to run before anything loads (reasoning-gym's import is ~1 s)."""
     _validate_reward(cfg.reward, errors)
+    _validate_reward_noise(cfg.reward, errors)
     _validate_rollout(cfg.rollout, errors)
     _validate_task(cfg.task, errors)
 

@@ -56,8 +56,9 @@ from .answers import answer_marked, extract_answer
 
 log = logging.getLogger(__name__)
 
-# Fact: `check(reward_cfg, errors)` validates the reward's settings before anything loads (None = none).
-REWARDS = Registry("reward", defaults={"check": None})
+# Facts: `check(reward_cfg, errors)` validates the reward's settings before anything loads (None = none);
+# `binary`: every value is 1.0 or 0.0 (what reward.noise.kind=flip needs).
+REWARDS = Registry("reward", defaults={"check": None, "binary": False})
 
 # Keys compute_rewards passes itself; TaskItem.fields must not use them.
 RESERVED_FIELDS = ("completions", "prompt", "answer", "solution")
@@ -131,7 +132,7 @@ def correctness(
     return out
 
 
-@REWARDS.register("correctness_binary")
+@REWARDS.register("correctness_binary", binary=True)
 def correctness_binary(completions: list[str], **fields: Any) -> list[float]:
     """1.0 where ``correctness`` is exactly 1.0, else 0.0 (no partial credit)."""
     return [1.0 if r == 1.0 else 0.0 for r in correctness(completions, **fields)]
