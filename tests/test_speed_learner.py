@@ -24,7 +24,8 @@ def make_learner(model_dir, learner=None, **algo):
     algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
     learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
                                   {"device": "cpu", "micro_batch_size": 4, "grad_clip": 0.0, **(learner or {})})
-    out = Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=0.7, seed=0,
+    out = Learner(model_dir, objective=OBJECTIVES.get(algo_cfg.objective), learner_cfg=learner_cfg, algo_cfg=algo_cfg,
+                  temperature=0.7, seed=0,
                   max_completion_len=6)
     out.optimizer = torch.optim.SGD([p for p in out.policy.parameters() if p.requires_grad], lr=0.5)
     return out

@@ -41,6 +41,9 @@ class TensorBatch:
     def __contains__(self, key: str) -> bool:
         return key in self.tensors
 
+    def get(self, key: str, default: torch.Tensor | None = None) -> torch.Tensor | None:
+        return self.tensors.get(key, default)
+
     def view(self, prefix: str) -> "TensorBatch":
         """The tensors stored under `prefix` (e.g. "chosen/"), with the prefix stripped."""
         return TensorBatch({k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)},

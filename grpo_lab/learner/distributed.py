@@ -244,12 +244,15 @@ def make_learner(cfg, policy_dir: Path, **learner_kwargs):
     from omegaconf import OmegaConf
 
     from grpo_lab.learner.learner import Learner
+    from grpo_lab.objectives import OBJECTIVES
 
     if cfg.learner.strategy != "fsdp2":
-        return Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs)
+        return Learner(policy_dir, objective=OBJECTIVES.get(cfg.algorithm.objective), learner_cfg=cfg.learner,
+                       algo_cfg=cfg.algorithm, **learner_kwargs)
     init()
     dist.broadcast_object_list([(OmegaConf.to_container(cfg, resolve=True), str(policy_dir), learner_kwargs)], src=0)
-    return LearnerGroup(Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs))
+    return LearnerGroup(Learner(policy_dir, objective=OBJECTIVES.get(cfg.algorithm.objective), learner_cfg=cfg.learner,
+                                algo_cfg=cfg.algorithm, **learner_kwargs))
 
 
 def follow() -> None:
@@ -257,6 +260,7 @@ def follow() -> None:
     from omegaconf import OmegaConf
 
     from grpo_lab.learner.learner import Learner, set_cpu_threads
+    from grpo_lab.objectives import OBJECTIVES
 
     init()
     box = [None]
@@ -264,7 +268,8 @@ def follow() -> None:
     cfg_dict, policy_dir, learner_kwargs = box[0]
     cfg = OmegaConf.create(cfg_dict)
     set_cpu_threads(cfg.learner.num_threads or int(os.environ.get("OMP_NUM_THREADS") or 1))
-    learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs)
+    learner = Learner(policy_dir, objective=OBJECTIVES.get(cfg.algorithm.objective), learner_cfg=cfg.learner,
+                      algo_cfg=cfg.algorithm, **learner_kwargs)
     try:
         while True:
             box = [None]
