@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from grpo_lab.config import AlgorithmConfig, LearnerConfig
 from grpo_lab.learner.batch import collate, completion_logits, completion_stats, prompt_groups, token_logprobs
 from grpo_lab.learner.learner import Learner
+from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.models import MODEL_BUILDERS
 
 import fsdp_common  # tests/ is on sys.path
@@ -164,8 +165,6 @@ def count_forwarded_rows(learner) -> list:
 
 def test_rows_without_gradient_by_hand():
     """Which rows add exactly nothing, per setting (PolicyGradient.rows_without_gradient)."""
-    from grpo_lab.objectives import OBJECTIVES
-
     pg = OBJECTIVES.get("policy_gradient")
     algo = lambda **kw: OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), kw)
     batch = fsdp_common.batch_with_silent_rows()

@@ -129,20 +129,22 @@ class MetricMean:
 
 
 def micro_batches(batch: TensorBatch, size: int, max_tokens: int | None = None):
-    """(row indices [m], micro-batch) pairs covering `batch`.
-
-    max_tokens=None: `size` consecutive rows each, full padded width (as always). Otherwise rows are
-    sorted longest first and packed greedily so that rows × padded width ≤ max_tokens, each
-    micro-batch trimmed to the padding its own rows need (a single row wider than the budget goes
-    alone; sequences are never split). The learner's minibatch-wide normalisers make the summed
-    loss independent of this split.
-    """
-    n = len(batch)
-    if max_tokens is None:
-        for start in range(0, n, size):
-            idx = torch.arange(start, min(start + size, n))
-            yield idx, batch.index(idx)
+    """(row indices [m], micro-batch) pairs covering `batch`: `size` consecutive rows each, full padded
+    width; with max_tokens, `_token_budget_micro_batches`. The learner's minibatch-wide normalisers
+    make the summed loss independent of this split."""
+    if max_tokens is not None:
+        yield from _token_budget_micro_batches(batch, max_tokens)
         return
+    n = len(batch)
+    for start in range(0, n, size):
+        idx = torch.arange(start, min(start + size, n))
+        yield idx, batch.index(idx)
+
+
+def _token_budget_micro_batches(batch: TensorBatch, max_tokens: int):
+    """`micro_batches` under learner.max_tokens_per_micro_batch: rows sorted longest first and packed
+    greedily so that rows × padded width ≤ max_tokens, each micro-batch trimmed to the padding its own
+    rows need (a single row wider than the budget goes alone; sequences are never split)."""
     prompt, completion = batch.lengths()                                 # [N], [N]
     order = torch.sort(prompt + completion, descending=True, stable=True).indices.tolist()
     group, wide_p, wide_c = [], 0, 0
