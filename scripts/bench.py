@@ -14,7 +14,7 @@ so a slow patch of this shared 2-core machine does not land on one side only):
                (a real rollout of the start model), micro-batch and torch threads.
 3. sync      — the weight push, old protocol (pickled tensors) vs the new one, and its share of
                the step; the step is rollout + learner + new push measured here (rewards ~5 ms,
-               issue 10, left out).
+               left out).
 4. overlap   — whole-loop step time with trainer.max_staleness=0 vs 1 (median perf/step_time_s
                of `python -m grpo_lab.train` runs), when the key exists; and max_staleness=1 with
                the engine in a child process (trainer.backend=engine_process) and, with ray

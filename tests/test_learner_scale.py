@@ -1,4 +1,4 @@
-"""The learner at scale (issue 7): LoRA (only adapters move; the engine gets W + (α/r)·B A; the
+"""The learner at scale: LoRA (only adapters move; the engine gets W + (α/r)·B A; the
 reference is the base with adapters off), bf16 autocast over fp32 masters, chunked LM-head
 logprobs/entropy, token-budget micro-batches, gradient checkpointing, LR schedules, checkpoints
 with LoRA; plus end-to-end runs (HF engine: LoRA + bf16; vLLM: LoRA pushes keep the engine's

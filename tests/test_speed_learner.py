@@ -1,4 +1,4 @@
-"""The learner's excess removed (issue 10) without changing any result: each speed-up is compared
+"""The learner's excess removed without changing any result: each speed-up is compared
 with the computation it replaced, on the tiny model (losses, gradients, updates and metrics)."""
 
 import copy
@@ -154,7 +154,7 @@ def test_dropout_keeps_the_scoring_forward(model_dir):
     assert learner.stochastic_forward and not learner.learner_logprobs_from_update(fsdp_common.toy_batch())
 
 
-# ---------------------------------------------------------------- rows without gradient (issue 10)
+# ---------------------------------------------------------------- rows without gradient
 def count_forwarded_rows(learner) -> list:
     rows = []
     decoder = (learner.policy.get_base_model() if learner.lora else learner.policy).get_decoder()
