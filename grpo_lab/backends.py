@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from grpo_lab.learner import distributed
 from grpo_lab.learner.learner import Learner, set_cpu_threads
+from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.registry import Registry
 
 TRAINER_BACKENDS = Registry("trainer backend", defaults={"requires_module": None, "spawns_engine": False})
@@ -95,14 +96,20 @@ class LearnerGroup:
         dist.destroy_process_group()
 
 
+def _learner(cfg, policy_dir, learner_kwargs: dict) -> Learner:
+    """One rank's Learner, handed the objective the config names."""
+    return Learner(policy_dir, objective=OBJECTIVES.get(cfg.algorithm.objective), learner_cfg=cfg.learner,
+                   algo_cfg=cfg.algorithm, **learner_kwargs)
+
+
 def make_learner(cfg, policy_dir: Path, **learner_kwargs):
     """The learner of a run: a plain Learner (learner.strategy=single), or under fsdp2 rank 0's
     LearnerGroup after sending the resolved config and model directory to the other ranks."""
     if cfg.learner.strategy != "fsdp2":
-        return Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs)
+        return _learner(cfg, policy_dir, learner_kwargs)
     distributed.init()
     dist.broadcast_object_list([(OmegaConf.to_container(cfg, resolve=True), str(policy_dir), learner_kwargs)], src=0)
-    return LearnerGroup(Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs))
+    return LearnerGroup(_learner(cfg, policy_dir, learner_kwargs))
 
 
 def follow() -> None:
@@ -113,7 +120,7 @@ def follow() -> None:
     cfg_dict, policy_dir, learner_kwargs = box[0]
     cfg = OmegaConf.create(cfg_dict)
     set_cpu_threads(cfg.learner.num_threads or int(os.environ.get("OMP_NUM_THREADS") or 1))
-    learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, **learner_kwargs)
+    learner = _learner(cfg, policy_dir, learner_kwargs)
     try:
         while True:
             box = [None]

@@ -38,6 +38,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_lab.learner.learner import Learner, resolve_device, set_cpu_threads
+from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.rollout import ROLLOUT_ENGINES, make_engine
 from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError
 
@@ -85,7 +86,7 @@ class LearnerActor:
 
     def __init__(self, model_dir: str, kwargs: dict, num_threads: int):
         set_cpu_threads(num_threads)
-        self.learner = Learner(model_dir, **kwargs)
+        self.learner = Learner(model_dir, objective=OBJECTIVES.get(kwargs["algo_cfg"].objective), **kwargs)
 
     def call(self, method: str, *args, **kwargs):
         return getattr(self.learner, method)(*args, **kwargs)

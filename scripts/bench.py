@@ -115,6 +115,7 @@ def bench_shared_learner(overrides: list[str], policy_dir: Path, task, reps: int
 
     from grpo_lab.learner.batch import encode_prompt
     from grpo_lab.learner.learner import Learner
+    from grpo_lab.objectives import OBJECTIVES
     from grpo_lab.rollout import make_engine
     from grpo_lab.run_setup import set_learner_threads
 
@@ -130,8 +131,9 @@ def bench_shared_learner(overrides: list[str], policy_dir: Path, task, reps: int
                                max_new_tokens=int(r.max_new_tokens), seed=7)
     finally:
         engine.close()
-    steps = {k: learner_step(Learner(policy_dir, learner_cfg=c.learner, algo_cfg=c.algorithm, temperature=r.temperature,
-                                     seed=c.seed, max_completion_len=int(r.max_new_tokens)), roll, tok.pad_token_id)[0]
+    steps = {k: learner_step(Learner(policy_dir, objective=OBJECTIVES.get(c.algorithm.objective), learner_cfg=c.learner,
+                                     algo_cfg=c.algorithm, temperature=r.temperature, seed=c.seed,
+                                     max_completion_len=int(r.max_new_tokens)), roll, tok.pad_token_id)[0]
              for k, c in cfgs.items()}
     on, off = interleave(steps["on"], steps["off"], reps)
     P = max(len(p) for p in roll.prompt_ids)
@@ -147,6 +149,7 @@ def bench_phases(cfg, policy_dir: Path, task, reps: int) -> dict:
     from bench_sync import measure_sync
     from grpo_lab.learner.batch import collate, encode_prompt
     from grpo_lab.learner.learner import Learner
+    from grpo_lab.objectives import OBJECTIVES
     from grpo_lab.rollout import make_engine
     from grpo_lab.run_setup import set_learner_threads
 
@@ -178,8 +181,8 @@ def bench_phases(cfg, policy_dir: Path, task, reps: int) -> dict:
 
         # 2. learner vs plain torch loop, on one real rollout of the start model
         roll = engine.generate(prompts, n=G, temperature=r.temperature, top_p=r.top_p, max_new_tokens=max_new, seed=7)
-        learner = Learner(policy_dir, learner_cfg=cfg.learner, algo_cfg=cfg.algorithm, temperature=r.temperature,
-                          seed=cfg.seed, max_completion_len=max_new)
+        learner = Learner(policy_dir, objective=OBJECTIVES.get(cfg.algorithm.objective), learner_cfg=cfg.learner,
+                          algo_cfg=cfg.algorithm, temperature=r.temperature, seed=cfg.seed, max_completion_len=max_new)
         lab_learn, adv = learner_step(learner, roll, tok.pad_token_id)
 
         plain = AutoModelForCausalLM.from_pretrained(str(policy_dir), dtype=torch.float32)

@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 from grpo_lab.schema import AlgorithmConfig, LearnerConfig
 from grpo_lab.learner.batch import collate
 from grpo_lab.learner.learner import Learner
+from grpo_lab.objectives import OBJECTIVES
 
 # Two epochs × two minibatches of 5 and 4 rows, micro-batches of 2: the ranks' shards (3/2, 2/2 rows)
 # run 2/1 and 1/1 micro-batches, so the zero-weight padding passes run; KL > 0 shards the reference.
@@ -26,7 +27,8 @@ def make_learner(model_dir, *, strategy="single", micro_batch_size=4, grad_clip=
                                    "strategy": strategy, "total_steps": 10,
                                    "skip_rows_without_gradient": skip_rows_without_gradient,
                                    "shared_prompt_forward": shared_prompt_forward})
-    return Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=1.0, seed=0,
+    return Learner(model_dir, objective=OBJECTIVES.get(algo_cfg.objective), learner_cfg=learner_cfg, algo_cfg=algo_cfg,
+                   temperature=1.0, seed=0,
                    max_completion_len=6)
 
 

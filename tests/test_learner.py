@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from grpo_lab.schema import AlgorithmConfig, LearnerConfig
 from grpo_lab.learner.learner import Learner
+from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.models import MODEL_BUILDERS
 
 import fsdp_common  # tests/ is on sys.path (pytest rootdir conftest)
@@ -24,7 +25,8 @@ def make_learner(model_dir, micro_batch_size=64, **algo):
     algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
     learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
                                   {"device": "cpu", "micro_batch_size": micro_batch_size, "grad_clip": 0.0})
-    return Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=1.0, seed=0,
+    return Learner(model_dir, objective=OBJECTIVES.get(algo_cfg.objective), learner_cfg=learner_cfg, algo_cfg=algo_cfg,
+                   temperature=1.0, seed=0,
                    max_completion_len=6)
 
 

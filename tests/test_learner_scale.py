@@ -37,7 +37,8 @@ def make_learner(model_dir, learner=None, **algo):
     algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
     learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
                                   {"device": "cpu", "micro_batch_size": 64, "grad_clip": 0.0, **(learner or {})})
-    return Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=1.0, seed=0,
+    return Learner(model_dir, objective=OBJECTIVES.get(algo_cfg.objective), learner_cfg=learner_cfg, algo_cfg=algo_cfg,
+                   temperature=1.0, seed=0,
                    max_completion_len=6)
 
 

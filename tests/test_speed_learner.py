@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from grpo_lab.schema import AlgorithmConfig, LearnerConfig
 from grpo_lab.learner.batch import collate, completion_logits, completion_stats, prompt_groups, token_logprobs
 from grpo_lab.learner.learner import Learner
+from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.models import MODEL_BUILDERS
 
 import fsdp_common  # tests/ is on sys.path
@@ -24,7 +25,8 @@ def make_learner(model_dir, learner=None, **algo):
     algo_cfg = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), algo)
     learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig),
                                   {"device": "cpu", "micro_batch_size": 4, "grad_clip": 0.0, **(learner or {})})
-    out = Learner(model_dir, learner_cfg=learner_cfg, algo_cfg=algo_cfg, temperature=0.7, seed=0,
+    out = Learner(model_dir, objective=OBJECTIVES.get(algo_cfg.objective), learner_cfg=learner_cfg, algo_cfg=algo_cfg,
+                  temperature=0.7, seed=0,
                   max_completion_len=6)
     out.optimizer = torch.optim.SGD([p for p in out.policy.parameters() if p.requires_grad], lr=0.5)
     return out
@@ -163,8 +165,6 @@ def count_forwarded_rows(learner) -> list:
 
 def test_rows_without_gradient_by_hand():
     """Which rows add exactly nothing, per setting (PolicyGradient.rows_without_gradient)."""
-    from grpo_lab.objectives import OBJECTIVES
-
     pg = OBJECTIVES.get("policy_gradient")
     algo = lambda **kw: OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), kw)
     batch = fsdp_common.batch_with_silent_rows()

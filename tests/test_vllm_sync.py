@@ -10,6 +10,7 @@ import torch
 
 from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, token_logprobs
 from grpo_lab.learner.learner import Learner
+from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.models import MODEL_BUILDERS
 
 pytestmark = pytest.mark.vllm
@@ -43,7 +44,8 @@ def test_engine_follows_the_learner_after_a_push(tmp_path, where):
 
     model_dir = MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet="0123456789+-=", seed=0)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    learner = Learner(model_dir, learner_cfg=LEARNER_LORA if where.endswith("lora") else LEARNER, algo_cfg=ALGO,
+    learner = Learner(model_dir, objective=OBJECTIVES.get(ALGO.objective),
+                      learner_cfg=LEARNER_LORA if where.endswith("lora") else LEARNER, algo_cfg=ALGO,
                       temperature=1.0, seed=0, max_completion_len=6)
     # child_process: trainer.backend=engine_process (weights through shared memory, a push per update).
     engine = EngineProcess(model_dir, ROLLOUT, seed=0) if where == "child_process" else \

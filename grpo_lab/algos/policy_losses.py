@@ -6,10 +6,11 @@ Every loss is::
        <settings it reads, e.g. clip_low, clip_high, dual_clip>, is_weights: Tensor [N, T] | None = None)
       -> (loss_mat [N, T], metrics dict[str, scalar Tensor])
 
-Settings are keyword-only and named as the ``algorithm.*`` config fields; the learner passes all of
-them through ``POLICY_LOSSES.call(name, ...)``, which hands each loss only the ones it names. Each
-loss writes only its own formula: ``@_per_token_loss`` supplies the frame every loss shares (shape
-check, boolean mask, fp32 upcast before; IS weights, masking and the ratio metrics after).
+Settings are keyword-only and named as the ``algorithm.*`` config fields; the objective passes all
+of them through ``POLICY_LOSSES.call(name, ...)``, which hands each loss only the ones it names. Each
+loss writes its own formula between two calls that frame every loss the same way:
+``_loss_inputs`` (shape check, boolean mask, fp32 upcast, masked advantages zeroed) before, and
+``_finish`` (IS weights, masking, the ratio metrics) after.
 
 ``logprobs`` carry the gradient; ``old_logprobs`` are the learner's log-probs under the policy
 that sampled the batch (detached). ``loss_mat`` is 0 on masked positions, and masked inputs
@@ -31,9 +32,6 @@ Departures / choices:
 """
 
 from __future__ import annotations
-
-import functools
-import inspect
 
 import torch
 from torch import Tensor
@@ -69,6 +67,18 @@ def _upcast(x: Tensor) -> Tensor:
 def _clean(x: Tensor, mask: Tensor) -> Tensor:
     """Replace masked positions by 0 so garbage there reaches neither values nor gradients."""
     return torch.where(mask, x, _zero(x))
+
+
+def _loss_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor,
+                 is_weights: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The first half of every policy loss's frame: checks that all inputs are [N, T], and returns
+    (logprobs, old_logprobs) in float32/64 (`_upcast`), the advantages in that dtype with masked
+    positions zeroed, and the bool mask."""
+    _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
+                  response_mask=response_mask, is_weights=is_weights)
+    mask = as_bool_mask(response_mask)
+    logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
+    return logprobs, old_logprobs, _clean(advantages.to(logprobs.dtype), mask), mask
 
 
 def _clipped_objective(
@@ -117,7 +127,8 @@ def _finish(
     log_ratio: Tensor,
     metrics: dict[str, Tensor],
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Apply IS weights and the mask; add the ratio metrics."""
+    """The second half of every policy loss's frame: apply IS weights and the mask; add the ratio
+    metrics (``ratio_mean``, ``ppo_kl``) of ``log_ratio`` over the real tokens."""
     if is_weights is not None:
         loss = loss * _clean(is_weights.to(loss.dtype), mask)
     loss = _clean(loss, mask)
@@ -127,34 +138,10 @@ def _finish(
     return loss, metrics
 
 
-def _per_token_loss(core):
-    """Wrap ``core(logprobs, old_logprobs, advantages, mask, **settings) -> (loss [N, T], log_ratio [N, T],
-    metrics)`` in the frame every policy loss shares. ``core`` receives float32/64 log-probs, advantages
-    in that dtype with masked positions zeroed, and a bool mask; the wrapper checks shapes first and
-    applies ``is_weights``, the mask and the ratio metrics last. The wrapper's signature is the core's
-    plus ``is_weights``, so ``POLICY_LOSSES.call`` passes each loss exactly the settings it names."""
-
-    @functools.wraps(core)
-    def loss_fn(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
-                is_weights: Tensor | None = None, **settings) -> tuple[Tensor, dict[str, Tensor]]:
-        _check_shapes(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                      response_mask=response_mask, is_weights=is_weights)
-        mask = as_bool_mask(response_mask)
-        logprobs, old_logprobs = _upcast(logprobs), _upcast(old_logprobs)
-        adv = _clean(advantages.to(logprobs.dtype), mask)
-        loss, log_ratio, metrics = core(logprobs, old_logprobs, adv, mask, **settings)
-        return _finish(loss, mask, is_weights, log_ratio, metrics)
-
-    core_sig = inspect.signature(core)
-    extra = inspect.Parameter("is_weights", inspect.Parameter.KEYWORD_ONLY, default=None)
-    loss_fn.__signature__ = core_sig.replace(parameters=[*core_sig.parameters.values(), extra])
-    return loss_fn
-
-
 @POLICY_LOSSES.register("clipped_surrogate")
-@_per_token_loss
-def clipped_surrogate(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-                      clip_low: float, clip_high: float, dual_clip: float | None = None):
+def clipped_surrogate(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+                      clip_low: float, clip_high: float, dual_clip: float | None = None,
+                      is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO / GRPO clipped surrogate with asymmetric clip and optional dual clip, per token.
 
         r_t = exp(logp_t - logp_old_t)
@@ -168,10 +155,12 @@ def clipped_surrogate(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
     log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)  # [N, T]
     loss, metrics = _clipped_objective(ratio, advantages, mask, clip_low, clip_high, dual_clip)
-    return loss, log_ratio, metrics
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
 
 
 def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -182,9 +171,9 @@ def _sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) ->
 
 
 @POLICY_LOSSES.register("gspo")
-@_per_token_loss
-def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-         clip_low: float, clip_high: float, dual_clip: float | None = None):
+def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+         clip_low: float, clip_high: float, dual_clip: float | None = None,
+         is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: Group Sequence Policy Optimization, sequence-level ratio (arXiv 2507.18071).
 
         s_i   = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(1/|y_i| sum_t (logp_t - logp_old_t))
@@ -198,16 +187,18 @@ def gspo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tenso
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
     seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask)  # [N]
     log_ratio = _clean(seq_lr[:, None].expand_as(logprobs), mask)  # [N, T]
     loss, metrics = _clipped_objective(torch.exp(log_ratio), advantages, mask, clip_low, clip_high, dual_clip)
-    return loss, log_ratio, metrics
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
 
 
 @POLICY_LOSSES.register("gspo_token")
-@_per_token_loss
-def gspo_token(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-               clip_low: float, clip_high: float, dual_clip: float | None = None):
+def gspo_token(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+               clip_low: float, clip_high: float, dual_clip: float | None = None,
+               is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO-token: sequence-level ratio value, token-level gradient (arXiv 2507.18071).
 
         s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)] = exp(logp_t - sg[logp_t] + sg[log s_i])
@@ -221,16 +212,18 @@ def gspo_token(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask:
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
     seq_lr = _sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # sg[log s_i] [N]
     token_grad_path = _clean(logprobs - logprobs.detach(), mask)  # value 0, gradient 1 [N, T]
     log_ratio = _clean(token_grad_path + seq_lr[:, None], mask)  # value log s_i [N, T]
     loss, metrics = _clipped_objective(torch.exp(log_ratio), advantages, mask, clip_low, clip_high, dual_clip)
-    return loss, log_ratio, metrics
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
 
 
 @POLICY_LOSSES.register("vanilla_pg")
-@_per_token_loss
-def vanilla_pg(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor):
+def vanilla_pg(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+               is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Plain REINFORCE policy gradient for strictly on-policy updates (Williams 1992).
 
         L_t = -A_t logp_t
@@ -244,10 +237,12 @@ def vanilla_pg(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask:
     Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
     -> (loss_mat [N, T], metrics).
     """
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
     loss = -advantages * _clean(logprobs, mask)
     log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     zero = _zero(loss)
-    return loss, log_ratio, {"clip_frac_low": zero.clone(), "clip_frac_high": zero.clone()}
+    return _finish(loss, mask, is_weights, log_ratio, {"clip_frac_low": zero.clone(), "clip_frac_high": zero.clone()})
 
 
 def truncated_is_weights(

@@ -41,6 +41,9 @@ class TensorBatch:
     def __contains__(self, key: str) -> bool:
         return key in self.tensors
 
+    def get(self, key: str, default: torch.Tensor | None = None) -> torch.Tensor | None:
+        return self.tensors.get(key, default)
+
     def view(self, prefix: str) -> "TensorBatch":
         """The tensors stored under `prefix` (e.g. "chosen/"), with the prefix stripped."""
         return TensorBatch({k[len(prefix):]: v for k, v in self.tensors.items() if k.startswith(prefix)},
@@ -125,20 +128,26 @@ def prompt_groups(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
 def _predicting_outputs(forward, batch: TensorBatch, field: str, *, shared_prompts: bool, logits: bool) -> torch.Tensor:
     """`field` of `forward`'s output (logits or last_hidden_state) at the T positions that predict the
     completion tokens, P − 1 … P + T − 2: [N, T, ·]. `forward` is a CausalLM (logits=True: only the
-    positions kept go through the LM head, HF's `logits_to_keep`) or its decoder.
+    positions kept go through the LM head, HF's `logits_to_keep`) or its decoder. shared_prompts:
+    `_shared_prompt_outputs`."""
+    if shared_prompts:
+        return _shared_prompt_outputs(forward, batch, field, logits=logits)
+    T = batch["completion_ids"].shape[1]
+    out = getattr(forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                          position_ids=batch["position_ids"], use_cache=False,
+                          **({"logits_to_keep": T + 1} if logits else {})), field)
+    assert not logits or out.shape[1] == T + 1, "the model ignored logits_to_keep"
+    return out[:, -(T + 1):-1]     # the last position predicts nothing
 
-    shared_prompts=True (learner.shared_prompt_forward): each distinct prompt goes through the model
-    once, and the rows that share it run only their completions, attending to its keys and values
+
+def _shared_prompt_outputs(forward, batch: TensorBatch, field: str, *, logits: bool) -> torch.Tensor:
+    """`_predicting_outputs` with learner.shared_prompt_forward: each distinct prompt goes through the
+    model once, and the rows that share it run only their completions, attending to its keys and values
     (the KV cache, repeated per row, on the autograd graph): Prefix Grouper's shared-prefix forward
     (arXiv 2506.05433). A group of G completions costs P + G·T positions instead of G·(P + T); the
     outputs and gradients are the same up to float rounding (tests: 1e-5)."""
     P, T = batch.prompt_width, batch["completion_ids"].shape[1]
     ids, mask, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
-    if not shared_prompts:
-        out = getattr(forward(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                              **({"logits_to_keep": T + 1} if logits else {})), field)
-        assert not logits or out.shape[1] == T + 1, "the model ignored logits_to_keep"
-        return out[:, -(T + 1):-1]     # the last position predicts nothing
     first, inverse = prompt_groups(batch)
     prompt = forward(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=pos[first, :P],
                      use_cache=True, **({"logits_to_keep": 1} if logits else {}))
@@ -194,19 +203,27 @@ def completion_stats(model, batch: TensorBatch, temperature: float = 1.0, *, chu
     """(token logprobs [N, T], entropy [N, T] or None) of the completions under `model`; the entropy
     carries a gradient only with entropy_grad=True (`_entropy`).
 
-    chunk_tokens=None: from the full logits [N, T, V] (`completion_logits`). Otherwise the decoder's
-    hidden states [N, T, H] go through the LM head `chunk_tokens` (row, position) slots at a time,
-    each chunk under non-reentrant activation checkpointing: backward keeps only the chunk's hidden
-    states and recomputes its logits, so at most one chunk's fp32 logits [chunk, V] exist at any
-    moment instead of the micro-batch's [N, T, V] three or four times (output, temperature copy,
-    log-softmax, entropy). Same numbers up to matmul rounding (tests: 1e-6 in fp32), same gradients.
-    Needs a CausalLM whose logits are lm_head(hidden) (Llama, Qwen2, Mistral; not soft-capped heads).
-    shared_prompts: each distinct prompt's forward once, in either mode (`_predicting_outputs`).
+    chunk_tokens=None: from the full logits [N, T, V] (`completion_logits`); otherwise
+    `_chunked_completion_stats`. shared_prompts: each distinct prompt's forward once, in either mode
+    (`_predicting_outputs`).
     """
+    if chunk_tokens is not None:
+        return _chunked_completion_stats(model, batch, temperature, chunk_tokens=chunk_tokens, entropy=entropy,
+                                         entropy_grad=entropy_grad, shared_prompts=shared_prompts)
+    logits = completion_logits(model, batch, temperature, shared_prompts=shared_prompts)   # [N, T, V]
+    return token_logprobs(logits, batch["completion_ids"]), _entropy(logits, entropy, entropy_grad)
+
+
+def _chunked_completion_stats(model, batch: TensorBatch, temperature: float, *, chunk_tokens: int, entropy: bool,
+                              entropy_grad: bool, shared_prompts: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`completion_stats` with learner.logits_chunk_tokens: the decoder's hidden states [N, T, H] go
+    through the LM head `chunk_tokens` (row, position) slots at a time, each chunk under non-reentrant
+    activation checkpointing: backward keeps only the chunk's hidden states and recomputes its logits,
+    so at most one chunk's fp32 logits [chunk, V] exist at any moment instead of the micro-batch's
+    [N, T, V] three or four times (output, temperature copy, log-softmax, entropy). Same numbers up
+    to matmul rounding (tests: 1e-6 in fp32), same gradients. Needs a CausalLM whose logits are
+    lm_head(hidden) (Llama, Qwen2, Mistral; not soft-capped heads)."""
     tokens = batch["completion_ids"]
-    if chunk_tokens is None:
-        logits = completion_logits(model, batch, temperature, shared_prompts=shared_prompts)   # [N, T, V]
-        return token_logprobs(logits, tokens), _entropy(logits, entropy, entropy_grad)
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model   # peft wrapper -> HF CausalLM
     N, T = tokens.shape
     hidden = _predicting_outputs(lm.get_decoder(), batch, "last_hidden_state", shared_prompts=shared_prompts,

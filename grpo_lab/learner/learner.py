@@ -2,10 +2,13 @@
 critic, their optimizers, minibatching and gradient accumulation.
 
 It never sees the rollout engine: it receives padded tensors (`TensorBatch`) and hands back named
-weights for the engine to load. All formulas live in `grpo_lab/algos`; this module only decides
-which tensors go into them and when to step the optimizer.
+weights for the engine to load. The objective it is handed (grpo_lab/objectives) turns tensors into
+a loss; this module runs the forwards that produce those tensors, the backward, and the optimizer.
 
-At scale (issue 7), all off by default, which keeps today's numbers bit for bit:
+One update: `update` -> per minibatch `_accumulate_gradient` (per micro-batch: `_loss_inputs`, the
+policy's forward -> `objective.loss` -> backward) -> `_clip_and_step` (optimizer.step).
+
+At scale, all off by default, which keeps the default numbers bit for bit:
 
 * learner.dtype=bf16: forwards run under `torch.autocast(bfloat16)` over fp32 parameters, so the
   master weights, their gradients and AdamW's moments stay fp32 (mixed precision, arXiv
@@ -19,7 +22,7 @@ At scale (issue 7), all off by default, which keeps today's numbers bit for bit:
   within the budget; learner.logits_chunk_tokens: the LM head in chunks (batch.completion_stats).
 * learner.lr_schedule / warmup_steps / total_steps: LambdaLR over RL steps (learner/schedules.py).
 
-For speed (issue 10), also off by default: learner.skip_rows_without_gradient leaves out of the update
+For speed, also off by default: learner.skip_rows_without_gradient leaves out of the update
 the rows the objective says add exactly 0 (`Objective.rows_without_gradient`: e.g. a GRPO group
 whose rewards all agree has A = 0, so its rows' policy loss and gradient are 0); the minibatch-wide
 normalisers still count them, so the update is the same up to float rounding. And
@@ -47,7 +50,6 @@ from grpo_lab.algos import aggregate, clipped_value_loss, logprob_mismatch_metri
 from grpo_lab.learner import distributed
 from grpo_lab.learner.batch import TensorBatch, completion_stats, prompt_groups
 from grpo_lab.learner.schedules import lr_factor
-from grpo_lab.objectives import OBJECTIVES
 
 # Projections that inference engines fuse into one matrix (vLLM's `packed_modules_mapping` for
 # Llama / Qwen2 / Mistral: qkv_proj, gate_up_proj). vLLM reloads a fused layer as a whole, so when
@@ -72,10 +74,9 @@ def release_freed_host_memory() -> None:
     """Hand memory that glibc's allocator holds but nothing uses back to the OS (malloc_trim).
 
     A CPU learner allocates activations and logits whose sizes change every step (completion lengths
-    vary); glibc keeps the freed blocks in its arenas, so the trainer's RSS creeps upward over a run
-    (SmolLM2 recipe: ~7.5 GB by step 32; its memory plan puts the learner near 2.4 GB; with this call the
-    whole process tree ended each step at <= 5.0 GiB). Called once per step; a no-op where
-    the C library is not glibc.
+    vary); glibc keeps the freed blocks in its arenas, so without this the trainer's RSS creeps upward
+    over a run, far above the memory plan's estimate. Called once per step; a no-op where the C
+    library is not glibc.
     """
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -128,20 +129,22 @@ class MetricMean:
 
 
 def micro_batches(batch: TensorBatch, size: int, max_tokens: int | None = None):
-    """(row indices [m], micro-batch) pairs covering `batch`.
-
-    max_tokens=None: `size` consecutive rows each, full padded width (as always). Otherwise rows are
-    sorted longest first and packed greedily so that rows × padded width ≤ max_tokens, each
-    micro-batch trimmed to the padding its own rows need (a single row wider than the budget goes
-    alone; sequences are never split). The learner's minibatch-wide normalisers make the summed
-    loss independent of this split.
-    """
-    n = len(batch)
-    if max_tokens is None:
-        for start in range(0, n, size):
-            idx = torch.arange(start, min(start + size, n))
-            yield idx, batch.index(idx)
+    """(row indices [m], micro-batch) pairs covering `batch`: `size` consecutive rows each, full padded
+    width; with max_tokens, `_token_budget_micro_batches`. The learner's minibatch-wide normalisers
+    make the summed loss independent of this split."""
+    if max_tokens is not None:
+        yield from _token_budget_micro_batches(batch, max_tokens)
         return
+    n = len(batch)
+    for start in range(0, n, size):
+        idx = torch.arange(start, min(start + size, n))
+        yield idx, batch.index(idx)
+
+
+def _token_budget_micro_batches(batch: TensorBatch, max_tokens: int):
+    """`micro_batches` under learner.max_tokens_per_micro_batch: rows sorted longest first and packed
+    greedily so that rows × padded width ≤ max_tokens, each micro-batch trimmed to the padding its own
+    rows need (a single row wider than the budget goes alone; sequences are never split)."""
     prompt, completion = batch.lengths()                                 # [N], [N]
     order = torch.sort(prompt + completion, descending=True, stable=True).indices.tolist()
     group, wide_p, wide_c = [], 0, 0
@@ -196,10 +199,14 @@ def apply_lora(model: nn.Module, lora_cfg) -> nn.Module:
 
 
 class Learner:
-    def __init__(self, model_dir: str | Path, *, learner_cfg, algo_cfg, temperature: float, seed: int,
+    """`objective` is the registered training objective (`OBJECTIVES.get(cfg.algorithm.objective)`):
+    its facts say which models to hold and which forwards to run; its `loss` gets their tensors."""
+
+    def __init__(self, model_dir: str | Path, *, objective, learner_cfg, algo_cfg, temperature: float, seed: int,
                  max_completion_len: int):
         torch.manual_seed(seed)
         self.cfg, self.algo, self.temperature = learner_cfg, algo_cfg, temperature
+        self.objective = objective
         # learner.strategy=fsdp2: weights sharded over the torchrun ranks, rows split (learner/distributed.py).
         self.sharded = _opt(learner_cfg, "strategy", "single") == "fsdp2"
         if self.sharded:
@@ -229,7 +236,6 @@ class Learner:
             isinstance(m, nn.Dropout) and m.p > 0 for m in self.policy.modules())
         # The objective says what it needs: the reference is only loaded when something reads it
         # (KL > 0, or DPO's implicit reward), the critic only when trained.
-        self.objective = OBJECTIVES.get(algo_cfg.objective)
         self.needs_ref = self.objective.needs_reference(algo_cfg)
         if not self.needs_ref:
             self.ref = None
@@ -266,24 +272,24 @@ class Learner:
 
         Only when that forward runs at the sampling weights and nothing before it reads π_learner:
         one optimizer step per batch (algorithm.epochs = minibatches = 1), no TIS (its weights enter
-        the loss), sampled rows (not pairs from a file), an objective whose loss reports the logprobs,
-        one process (under fsdp2 each rank sees only its rows), and a forward without dropout (the
+        the loss), sampled rows (not pairs from a file), an objective whose loss runs the policy on the
+        batch's own rows (`Objective.views` None), one process (under fsdp2 each rank sees only its rows), and a forward without dropout (the
         scoring forward ran in eval mode). Then π_old is the sampler's logprobs and π_learner feeds only
         the mismatch metrics, which `update` computes from the same numbers up to matmul rounding.
         """
         return (self.algo.epochs == 1 and self.algo.minibatches == 1 and self.algo.tis_cap is None
                 and not batch.extras.get("offline") and "sampler_logprobs" in batch and not self.sharded
-                and self.objective.reports_learner_logprobs and not self.stochastic_forward)
+                and self.objective.views is None and not self.stochastic_forward)
 
     @torch.no_grad()
     def score(self, batch: TensorBatch) -> dict[str, float]:
         """Add the learner's own π_old logprobs, the reference logprobs and critic values to `batch`.
 
-        Also decides what the policy loss uses as π_old: the sampler's logprobs (the issue's
-        contract: the engine's distribution is what was sampled), or with TIS the learner's own,
-        reweighted by min(π_learner / π_sampler, cap) (Yao et al. 2025). The policy's own forward is
-        skipped when `learner_logprobs_from_update` says the update's forward gives the same numbers
-        (the default GRPO step: one forward fewer per step, issue 10).
+        Also decides what the policy loss uses as π_old: the sampler's logprobs (the engine's
+        distribution is what was sampled), or with TIS the learner's own, reweighted by
+        min(π_learner / π_sampler, cap) (Yao et al. 2025). The policy's own forward is skipped when
+        `learner_logprobs_from_update` says the update's forward gives the same numbers (the default
+        GRPO step: one forward fewer per step).
         """
         deferred = self.learner_logprobs_from_update(batch)
         batch.extras["learner_logprobs_from_update"] = deferred
@@ -321,8 +327,7 @@ class Learner:
     def policy_logprobs(self, micro: TensorBatch, model=None, *, entropy: bool = False,
                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(token logprobs [n, T], token entropy [n, T] or None) of the completions under the policy
-        (or `model`, e.g. `self.ref`), at the sampling temperature; objectives build their losses on
-        this. The entropy carries a gradient only with entropy_grad=True (a loss term uses it).
+        (or `model`, e.g. `self.ref`), at the sampling temperature. The entropy carries a gradient only with entropy_grad=True (a loss term uses it).
         Full-vocabulary logits stay inside (chunked with learner.logits_chunk_tokens)."""
         if isinstance(model, AdapterDisabledReference):
             with model.peft_model.disable_adapter():
@@ -347,42 +352,23 @@ class Learner:
         `loss_mask`, `advantages`, `old_logprobs` (from `score`), plus `returns` for the critic. An
         empty batch (e.g. no preference pair this step) changes nothing and is reported as such.
         """
-        actor, critic = MetricMean(), MetricMean()
-        n, skipped, silent_rows = len(batch), 0, 0
-        skip_silent_rows = _opt(self.cfg, "skip_rows_without_gradient", False)
-        from_update = batch.extras.get("learner_logprobs_from_update", False)   # set by `score`
-        learner_logprobs = []             # (batch rows, π_learner logprobs) per micro-batch, when from_update
-        lr = self.optimizer.param_groups[0]["lr"]   # this step's scheduled rate
+        n, lr = len(batch), self.optimizer.param_groups[0]["lr"]   # this step's scheduled rate
         if n == 0:
             self.scheduler.step()                     # the schedule counts RL steps, empty or not
             return {"actor/empty_batch": 1.0, "actor/lr": lr}
+        actor, critic = MetricMean(), MetricMean()
+        skipped, silent_rows = 0, 0
+        from_update = batch.extras.get("learner_logprobs_from_update", False)   # set by `score`
+        learner_logprobs = []             # (batch rows, π_learner logprobs) per micro-batch, when from_update
         for _epoch in range(self.algo.epochs):
             order = torch.randperm(n, generator=self.generator)
             for mb_idx in order.chunk(self.algo.minibatches):
                 minibatch = batch.index(mb_idx)
-                mask = minibatch["loss_mask"]
-                # Minibatch-wide normalisers: summing micro-batch losses then equals the full-batch loss.
-                norm = dict(num_tokens=mask.sum().clamp(min=1).item(),
-                            num_seqs=(mask.sum(-1) > 0).sum().clamp(min=1).item(),
-                            max_len=max(self.max_completion_len, mask.shape[1]),
-                            **self.objective.minibatch_norms(minibatch))
-                # Rows that add exactly 0 (all-zero advantages, ...) need no forward/backward; the
-                # normalisers above still count them, so the gradient is the whole minibatch's.
+                # Rows that add exactly 0 (all-zero advantages, ...) need no forward/backward.
                 silent = self.objective.rows_without_gradient(minibatch, self.algo)      # [m] bool
                 silent_rows += int(silent.sum())
-                train_idx = (~silent).nonzero().squeeze(-1) if skip_silent_rows else None
-                self.optimizer.zero_grad(set_to_none=True)
-                part = MetricMean()
-                for rows, micro, real in self._local_micro_batches(minibatch, train_idx):
-                    micro = micro.to(self.device)
-                    loss, metrics = self.objective.loss(self, micro, norm)
-                    (loss if real else loss * 0.0).backward()
-                    if real:
-                        part.add(metrics, weight=len(micro))
-                    if from_update and real:   # one step per batch: this forward ran at the sampling weights
-                        learner_logprobs.append((mb_idx[rows], micro["learner_logprobs"].float().cpu()))
-                if self.sharded:
-                    distributed.merge_metric_means(part)   # the whole minibatch's metrics on every rank
+                part, logprobs = self._accumulate_gradient(minibatch, silent, keep_logprobs=from_update)
+                learner_logprobs += [(mb_idx[rows], lp) for rows, lp in logprobs]
                 actor.absorb(part)
                 grad_norm = self._clip_and_step(self.policy, self.optimizer)
                 actor.add({"grad_norm": grad_norm})
@@ -400,6 +386,56 @@ class Learner:
                 "actor/nonfinite_updates": float(skipped),
                 # Skipped or not: what learner.skip_rows_without_gradient saves (or saved) of the learner's work.
                 "actor/rows_without_gradient_frac": silent_rows / (n * self.algo.epochs)}
+
+    def _accumulate_gradient(self, minibatch: TensorBatch, silent: torch.Tensor, *,
+                             keep_logprobs: bool) -> tuple[MetricMean, list]:
+        """Forward and backward of the micro-batches of `minibatch` this process trains on, so that the
+        policy's gradient is the whole minibatch's loss's. With learner.skip_rows_without_gradient the
+        `silent` rows are left out; the minibatch-wide normalisers still count them, so the gradient is
+        the same sum. Returns the metrics (weighted by rows) and, with keep_logprobs (one optimizer step
+        per batch: this forward ran at the sampling weights), (minibatch rows, detached token logprobs)
+        of every micro-batch."""
+        norm = self._minibatch_norms(minibatch)
+        skip = _opt(self.cfg, "skip_rows_without_gradient", False)
+        train_idx = (~silent).nonzero().squeeze(-1) if skip else None
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics, logprobs = MetricMean(), []
+        for rows, micro, real in self._local_micro_batches(minibatch, train_idx):
+            micro = micro.to(self.device)
+            inputs = self._loss_inputs(micro)
+            loss, micro_metrics = self.objective.loss(micro, **inputs, norm=norm, algo=self.algo)
+            (loss if real else loss * 0.0).backward()
+            if real:
+                metrics.add(micro_metrics, weight=len(micro))
+                if keep_logprobs:
+                    logprobs.append((rows, inputs["logprobs"].detach().float().cpu()))
+        if self.sharded:
+            distributed.merge_metric_means(metrics)   # the whole minibatch's metrics on every rank
+        return metrics, logprobs
+
+    def _minibatch_norms(self, minibatch: TensorBatch) -> dict:
+        """Minibatch-wide normalisers (tokens, sequences, the generation budget, and the objective's
+        own): with them, summing the micro-batches' losses gives exactly the full minibatch's loss."""
+        mask = minibatch["loss_mask"]
+        return dict(num_tokens=mask.sum().clamp(min=1).item(),
+                    num_seqs=(mask.sum(-1) > 0).sum().clamp(min=1).item(),
+                    max_len=max(self.max_completion_len, mask.shape[1]),
+                    **self.objective.minibatch_norms(minibatch))
+
+    def _loss_inputs(self, micro: TensorBatch) -> dict:
+        """The tensors `objective.loss` takes besides the micro-batch: the policy's token logprobs, with
+        gradient, of the rows the objective names (`Objective.views`), the reference logprobs `score`
+        put beside them, and for the micro-batch's own rows the token entropy when the objective logs
+        it (on the autograd graph only when its loss uses it)."""
+        views = self.objective.views
+        if views is None:
+            in_loss = self.objective.entropy_in_loss(self.algo)
+            logprobs, entropy = self.policy_logprobs(micro, entropy=self.objective.logs_entropy or in_loss,
+                                                     entropy_grad=in_loss)                # [n, T] ×2
+            return {"logprobs": logprobs, "entropy": entropy, "ref_logprobs": micro.get("ref_logprobs")}
+        rows = {view: micro.view(f"{view}/") for view in views}
+        return {"logprobs": {view: self.policy_logprobs(r)[0] for view, r in rows.items()},
+                "ref_logprobs": {view: r.get("ref_logprobs") for view, r in rows.items()}}
 
     def _local_micro_batches(self, minibatch: TensorBatch, train_idx: torch.Tensor | None = None):
         """(minibatch rows or None, micro-batch, real) triples this process trains on: the minibatch's

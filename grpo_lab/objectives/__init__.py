@@ -1,13 +1,15 @@
 """Training objectives: one file per objective, each registered once in ``OBJECTIVES``.
 
-An objective owns its whole contract (ARCHITECTURE.md, "Objectives own their whole contract"):
+An objective owns its whole contract:
 
 * what it needs — a frozen reference, a critic, at least G samples per prompt (``needs_reference``,
   ``needs_critic``, ``min_group_size``), and its own config checks (``check``), which ``validate()``
   asks for instead of keeping lists of names;
+* which forwards the learner runs for its loss (``views``, ``logs_entropy``, ``entropy_in_loss``);
 * where a step's sequences come from (``make_sampler``);
 * how a scored batch becomes its training input (``prepare``: advantages, or preference pairs);
-* its loss on one micro-batch (``loss``) and the minibatch-wide normalisers that loss needs;
+* its loss on one micro-batch (``loss``: tensors in, loss and metrics out; it never calls the
+  learner) and the minibatch-wide normalisers that loss needs;
 * the settings its run names show (``run_name_knobs``).
 
     OBJECTIVES   policy_gradient (GRPO family, PPO, RLOO, REINFORCE++) | preference (DPO, IPO, group DPO)

@@ -24,11 +24,19 @@ class Objective:
     keeps state, so one registered instance serves every run.
     """
 
-    # Whether `loss` leaves the policy's detached token logprobs [n, T] of the micro-batch's
-    # completions on it as ``micro["learner_logprobs"]``. Then, at one optimizer step per batch, that
-    # forward runs at the sampling weights and the learner reads π_learner (the engine-mismatch
-    # metrics) there instead of running a scoring forward of its own (Learner.score).
-    reports_learner_logprobs = False
+    # The rows the learner runs the policy on (with gradient) before calling `loss`. None: the
+    # micro-batch's own rows; `loss` gets logprobs and ref_logprobs [n, T]. A tuple of names: the
+    # micro-batch's views "<name>/" (e.g. a preference pair's "chosen" and "rejected" completions);
+    # `loss` gets {name: [n, T]} for each. With None the learner may also read π_learner from that
+    # forward instead of a scoring forward of its own (Learner.learner_logprobs_from_update).
+    views: tuple[str, ...] | None = None
+    # Whether `loss` reports the token entropy of the micro-batch's own rows (views None): the
+    # learner then computes it, off the autograd graph unless `entropy_in_loss`.
+    logs_entropy = False
+
+    def entropy_in_loss(self, algo) -> bool:
+        """Whether `loss` differentiates through the token entropy (an entropy bonus)."""
+        return False
 
     def needs_reference(self, algo) -> bool:
         """Whether the learner must hold a frozen copy of the starting policy (loaded only then)."""
@@ -67,8 +75,12 @@ class Objective:
         (learner.skip_rows_without_gradient). By default none: an objective says when it knows better."""
         return torch.zeros(len(minibatch), dtype=torch.bool)
 
-    def loss(self, learner, micro, norm: dict):
-        """(loss whose gradient is accumulated, metrics) for one micro-batch."""
+    def loss(self, micro, *, logprobs, entropy=None, ref_logprobs=None, norm: dict, algo):
+        """(loss whose gradient is accumulated, metrics) for one micro-batch ``micro`` (a ``TensorBatch``
+        of what ``prepare`` made). ``logprobs``: the policy's token logprobs with gradient (shaped as
+        ``views`` says); ``entropy`` [n, T] or None (``logs_entropy``); ``ref_logprobs``: the
+        reference's, or None without one; ``norm``: the minibatch-wide normalisers (``num_tokens``,
+        ``num_seqs``, ``max_len`` and ``minibatch_norms``')."""
         raise NotImplementedError
 
     def run_name_knobs(self, algo) -> str:

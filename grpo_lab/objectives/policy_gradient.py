@@ -1,5 +1,5 @@
 """The policy-gradient objective: GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++ and PPO are all this
-objective with different registered parts (ARCHITECTURE.md: "an algorithm is a composition").
+objective with different registered parts: an algorithm is a composition.
 
     batch:  r_i on the last real token of i; with algorithm.kl.placement=reward, r_t -= β KL_t
             (PPO, REINFORCE++); then the registered advantage estimator -> A [N, T]
@@ -26,7 +26,11 @@ KL_PLACEMENTS = ("loss", "reward")
 
 
 class PolicyGradient(Objective):
-    reports_learner_logprobs = True
+    views = None            # the policy's logprobs of the micro-batch's own rows
+    logs_entropy = True     # the token entropy is always logged
+
+    def entropy_in_loss(self, algo) -> bool:
+        return algo.entropy_coef > 0
 
     def min_group_size(self, algo) -> int:
         if algo.advantage not in ADVANTAGE_ESTIMATORS:
@@ -126,22 +130,19 @@ class PolicyGradient(Objective):
         return silent
 
     # ------------------------------------------------------------------ loss
-    def loss(self, learner, micro, norm: dict):
+    def loss(self, micro, *, logprobs, entropy=None, ref_logprobs=None, norm: dict, algo):
         """Policy loss (registered) + β·KL (if in the loss) − c·entropy + λ·NLL of the best completion per
         group (if the supervised anchor is on), aggregated with the configured mode over the
-        minibatch-wide normalisers."""
-        a = learner.algo
-        # The entropy is always logged; it is on the autograd graph only when the bonus uses it.
-        logp, entropy = learner.policy_logprobs(micro, entropy=True, entropy_grad=a.entropy_coef > 0)  # [n, T] ×2
-        micro["learner_logprobs"] = logp.detach()                           # reports_learner_logprobs
+        minibatch-wide normalisers. logprobs, entropy (on the autograd graph only when the bonus uses
+        it), ref_logprobs (None without a reference): [n, T]."""
+        a, logp = algo, logprobs
         mask = micro["loss_mask"]
-        is_weights = micro["is_weights"] if "is_weights" in micro else None
         loss_mat, m = POLICY_LOSSES.call(a.policy_loss, logp, micro["old_logprobs"], micro["advantages"], mask,
-                                         is_weights=is_weights, **settings_of(a))
+                                         is_weights=micro.get("is_weights"), **settings_of(a))
         total = loss_mat
         metrics = {k: float(v) for k, v in m.items()}
-        if learner.ref is not None and a.kl.coef > 0:
-            kl = KL_ESTIMATORS.get(a.kl.estimator)(logp, micro["ref_logprobs"])  # [n, T]
+        if ref_logprobs is not None and a.kl.coef > 0:
+            kl = KL_ESTIMATORS.get(a.kl.estimator)(logp, ref_logprobs)  # [n, T]
             metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
             if a.kl.placement == "loss":
                 total = total + a.kl.coef * kl

@@ -77,6 +77,8 @@ class PairFileSampler(GroupSampler):
 
 
 class Preference(Objective):
+    views = ("chosen", "rejected")   # each pair's two completions, one forward each
+
     def needs_reference(self, algo) -> bool:
         return True  # the implicit reward is β log(π / π_ref)
 
@@ -113,16 +115,17 @@ class Preference(Objective):
     def minibatch_norms(self, minibatch) -> dict:
         return {"pair_weight_total": minibatch["pair_weight"].sum().clamp(min=1e-12).item()}
 
-    def loss(self, learner, micro, norm: dict):
-        """Registered preference loss on rows that are (chosen, rejected) pairs; the reference logprobs
-        were computed by ``Learner.score`` before pairing. Scaled by this micro-batch's share of the
-        pair weights, so the accumulated gradient equals the full minibatch's weighted mean."""
+    def loss(self, micro, *, logprobs, entropy=None, ref_logprobs=None, norm: dict, algo):
+        """Registered preference loss on rows that are (chosen, rejected) pairs: logprobs and
+        ref_logprobs are {"chosen": [n, T], "rejected": [n, T]} (the reference's computed by
+        ``Learner.score`` before pairing). Scaled by this micro-batch's share of the pair weights, so
+        the accumulated gradient equals the full minibatch's weighted mean."""
         logps = {}
-        for side in ("chosen", "rejected"):
-            rows = micro.view(f"{side}/")
-            logps[side] = sequence_logps(learner.policy_logprobs(rows)[0], rows["response_mask"])
-            logps[f"ref_{side}"] = sequence_logps(rows["ref_logprobs"], rows["response_mask"])
-        pref = learner.algo.preference
+        for side in self.views:
+            mask = micro[f"{side}/response_mask"]
+            logps[side] = sequence_logps(logprobs[side], mask)
+            logps[f"ref_{side}"] = sequence_logps(ref_logprobs[side], mask)
+        pref = algo.preference
         loss, m = PREFERENCE_LOSSES.call(pref.loss, logps["chosen"], logps["rejected"], logps["ref_chosen"],
                                          logps["ref_rejected"], weights=micro["pair_weight"], **settings_of(pref))
         share = micro["pair_weight"].sum().item() / norm["pair_weight_total"]
