@@ -73,6 +73,12 @@ class PreferenceConfig:
     # Where pairs come from: "policy" (the policy's own scored groups) or a local JSONL path with
     # prompt/chosen/rejected fields.
     pairs: str = "policy"
+    # Preference-label noise: each formed pair (or each row of a pairs file, once, at load) has its
+    # chosen and rejected swapped with this probability, seeded by the run's seed.
+    label_flip_prob: float = 0.0
+    # The known remedy for label noise: the assumed flip rate ε, read by loss=dpo as conservative DPO
+    # (label smoothing, cDPO) and by loss=rdpo as robust DPO's unbiased correction (arXiv 2403.00409).
+    label_smoothing: float = 0.0
 
 
 @dataclass

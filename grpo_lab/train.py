@@ -165,7 +165,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
             if not bad:
                 batch = to_learner_batch(scored, tokenizer)
                 metrics.update(learner.score(batch))
-                batch, prep_metrics = objective.prepare(batch, a, normalizer=normalizer, step=step)
+                batch, prep_metrics = objective.prepare(batch, a, normalizer=normalizer, step=step, seed=cfg.seed)
                 metrics.update(prep_metrics)
                 metrics.update(learner.update(batch))
                 bad = metrics["actor/nonfinite_updates"] > 0

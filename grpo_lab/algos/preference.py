@@ -2,9 +2,10 @@
 
 Two registries:
 
-    PREFERENCE_LOSSES  dpo (arXiv 2305.18290), ipo (arXiv 2310.12036)
+    PREFERENCE_LOSSES  dpo (arXiv 2305.18290; cDPO with label_smoothing), ipo (arXiv 2310.12036),
+                       rdpo (arXiv 2403.00409)
         fn(policy_chosen_logps [P], policy_rejected_logps [P], ref_chosen_logps [P],
-           ref_rejected_logps [P], *, beta, weights [P] | None) -> (loss scalar, metrics)
+           ref_rejected_logps [P], *, beta, weights [P] | None, <settings it reads>) -> (loss, metrics)
     PAIRINGS           best_worst, all_pairs
         fn(rewards [N], group_ids [N], *, <settings it reads, e.g. bt_weighting>)
            -> (chosen_idx [P], rejected_idx [P], weights [P])
@@ -65,11 +66,16 @@ def dpo_loss(
     *,
     beta: float,
     weights: Tensor | None = None,
+    label_smoothing: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Direct Preference Optimization loss (Rafailov et al., arXiv 2305.18290, eq. 7).
 
         h = beta * [(log pi(y_c) - log ref(y_c)) - (log pi(y_r) - log ref(y_r))]
         L = mean_p -log sigma(h_p)          (sum_p w_p L_p / sum_p w_p with weights)
+
+    With label_smoothing = eps > 0, conservative DPO (cDPO, Mitchell 2023, "A note on DPO with noisy
+    preferences"; TRL's label_smoothing), for labels flipped with probability eps:
+        L_p = -(1 - eps) log sigma(h_p) - eps log sigma(-h_p)
 
     Sequence log-probs are sums of token log-probs over the completion. Metrics (detached,
     unweighted means over pairs): chosen_reward = beta (log pi - log ref)(y_c), rejected_reward,
@@ -81,7 +87,41 @@ def dpo_loss(
     _check_pair_logps(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
     chosen_reward = beta * (policy_chosen_logps - ref_chosen_logps)  # [P]
     rejected_reward = beta * (policy_rejected_logps - ref_rejected_logps)  # [P]
-    losses = -F.logsigmoid(chosen_reward - rejected_reward)  # [P]; logsigmoid is stable for large |margin|
+    h = chosen_reward - rejected_reward  # [P]
+    # logsigmoid is stable for large |margin|; eps = 0 adds an exact 0 (the plain DPO loss, bit for bit)
+    losses = -F.logsigmoid(h) if not label_smoothing else (
+        -(1 - label_smoothing) * F.logsigmoid(h) - label_smoothing * F.logsigmoid(-h))
+    return _weighted_mean(losses, weights), _implicit_reward_metrics(chosen_reward, rejected_reward)
+
+
+@PREFERENCE_LOSSES.register("rdpo")
+def robust_dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    *,
+    beta: float,
+    label_smoothing: float,
+    weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Robust DPO (rDPO, Chowdhury et al., arXiv 2403.00409): for labels flipped with a known
+    probability eps < 1/2, an unbiased estimate of the clean DPO loss,
+
+        L_p = [(1 - eps) (-log sigma(h_p)) - eps (-log sigma(-h_p))] / (1 - 2 eps)
+
+    with h as in ``dpo_loss``; eps = label_smoothing. Metrics as ``dpo_loss``.
+
+    Shapes: the four log-prob tensors and weights [P] -> (loss scalar, metrics).
+    """
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"rdpo needs a flip rate eps in [0, 0.5), got label_smoothing={label_smoothing}")
+    _check_pair_logps(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_reward = beta * (policy_chosen_logps - ref_chosen_logps)  # [P]
+    rejected_reward = beta * (policy_rejected_logps - ref_rejected_logps)  # [P]
+    h = chosen_reward - rejected_reward  # [P]
+    eps = label_smoothing
+    losses = ((1 - eps) * -F.logsigmoid(h) - eps * -F.logsigmoid(-h)) / (1 - 2 * eps)  # [P]
     return _weighted_mean(losses, weights), _implicit_reward_metrics(chosen_reward, rejected_reward)
 
 

@@ -59,8 +59,9 @@ class Objective:
 
         return GroupSampler(engine, tokenizer, PromptStream(train_items, cfg.seed), cfg, seed=cfg.seed)
 
-    def prepare(self, batch, algo, *, normalizer, step: int):
-        """Scored ``TensorBatch`` -> (the batch this objective trains on, metrics)."""
+    def prepare(self, batch, algo, *, normalizer, step: int, seed: int = 0):
+        """Scored ``TensorBatch`` -> (the batch this objective trains on, metrics). ``seed`` (the run's)
+        and ``step`` seed any noise the objective draws, so a resumed run draws the same."""
         raise NotImplementedError
 
     def minibatch_norms(self, minibatch) -> dict:

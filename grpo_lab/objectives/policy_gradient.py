@@ -73,7 +73,7 @@ class PolicyGradient(Objective):
             errors.append("algorithm.sft_anchor_coef and algorithm.sft_anchor_warmup must be >= 0 (0 = off)")
 
     # ------------------------------------------------------------------ batch
-    def prepare(self, batch, algo, *, normalizer, step: int):
+    def prepare(self, batch, algo, *, normalizer, step: int, seed: int = 0):
         """Token rewards -> registered advantage estimator; sets advantages, returns, loss_mask (and
         the best-of-group anchor's weights)."""
         mask = batch["response_mask"]

@@ -6,6 +6,8 @@ scored groups (best vs worst, or every ordered pair = "group DPO") or read from 
     algorithm.preference.loss     dpo | ipo                 (algos.PREFERENCE_LOSSES)
     algorithm.preference.pairing  best_worst | all_pairs    (algos.PAIRINGS)
     algorithm.preference.pairs    policy | <path.jsonl>     (where pairs come from)
+    algorithm.preference.label_flip_prob   preference-label noise (rewards.noise.flip_pairs)
+    algorithm.preference.label_smoothing   its remedy: cDPO (loss=dpo) or rDPO (loss=rdpo)
 
 The reference π_ref is the starting policy, frozen; DPO's β is the KL strength, so
 algorithm.kl.coef is not read.
@@ -23,10 +25,19 @@ from grpo_lab.learner.batch import encode_prompt, encode_target, pair_batch
 from grpo_lab.registry import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 from grpo_lab.phases import GroupSampler, PromptStream, ScoredRollout
+from grpo_lab.rewards.noise import flip_pairs
 from grpo_lab.rollout import Rollout
 from grpo_lab.tasks.local_dataset import read_jsonl
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
+# Keeps the label-noise stream apart from others seeded by the same run seed and step.
+_LABEL_NOISE_OFFSET = 104_729
+
+
+def label_noise_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of a step's preference-label flips: a function of (seed, step) alone, so a
+    resumed run flips exactly the pairs an uninterrupted one does."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step * 10_007 + _LABEL_NOISE_OFFSET)
 
 
 def read_pairs_file(path: str) -> list[dict]:
@@ -50,8 +61,15 @@ class PairFileSampler(GroupSampler):
     each pair becomes a group of two sequences with rewards 1 (chosen) and 0 (rejected), so the same
     preparation and learner serve offline DPO and DPO on the policy's own groups."""
 
-    def __init__(self, path: str, tokenizer, *, seed: int):
+    def __init__(self, path: str, tokenizer, *, seed: int, label_flip_prob: float = 0.0):
         rows = read_pairs_file(path)
+        # Label noise on a data set is fixed: each row is flipped (or not) once, at load, as a noisy
+        # labeller would have written it.
+        idx = torch.arange(len(rows))
+        _, _, self.flipped = flip_pairs(idx, idx, generator=label_noise_generator(seed, -1),
+                                        flip_prob=label_flip_prob)
+        rows = [{**r, "chosen": r["rejected"], "rejected": r["chosen"]} if f else r
+                for r, f in zip(rows, self.flipped.tolist())]
         self.pairs = [(encode_prompt(tokenizer, r["prompt"]), encode_target(tokenizer, r["chosen"]),
                        encode_target(tokenizer, r["rejected"]), r) for r in rows]
         self.stream = PromptStream(list(range(len(self.pairs))), seed)
@@ -61,7 +79,9 @@ class PairFileSampler(GroupSampler):
     def __call__(self, k: int) -> ScoredRollout:
         t0 = time.time()
         out, items = Rollout([], [], [], [], [], [], meta={"offline": True}), []
-        for g, i in enumerate(self.stream.take(k)):
+        taken = self.stream.take(k)
+        self.reward_metrics = {"reward/label_flipped_frac": float(self.flipped[taken].float().mean()) if taken else 0.0}
+        for g, i in enumerate(taken):
             prompt, chosen, rejected, row = self.pairs[i]
             for ids, text in ((chosen, row["chosen"]), (rejected, row["rejected"])):
                 out.prompt_ids.append(prompt)
@@ -91,6 +111,11 @@ class Preference(Objective):
         check_registered(PAIRINGS, pref.pairing, "algorithm.preference.pairing", errors)
         if not pref.beta > 0:
             errors.append(f"algorithm.preference.beta={pref.beta} must be > 0 (DPO uses 0.1)")
+        if not 0.0 <= pref.label_flip_prob <= 1.0:
+            errors.append(f"algorithm.preference.label_flip_prob={pref.label_flip_prob} must lie in [0, 1] (0 = off)")
+        if not 0.0 <= pref.label_smoothing < 0.5:
+            errors.append(f"algorithm.preference.label_smoothing={pref.label_smoothing} must lie in [0, 0.5): the "
+                          "assumed flip rate of cDPO / rDPO (0 = off)")
         if pref.pairs == "policy":
             if cfg.rollout.group_size < 2:
                 errors.append(f"rollout.group_size={cfg.rollout.group_size}: preference pairs from the policy's "
@@ -101,16 +126,23 @@ class Preference(Objective):
 
     def make_sampler(self, cfg, engine, tokenizer, train_items: list):
         if cfg.algorithm.preference.pairs != "policy":
-            return PairFileSampler(cfg.algorithm.preference.pairs, tokenizer, seed=cfg.seed)
+            return PairFileSampler(cfg.algorithm.preference.pairs, tokenizer, seed=cfg.seed,
+                                   label_flip_prob=cfg.algorithm.preference.label_flip_prob)
         return super().make_sampler(cfg, engine, tokenizer, train_items)
 
-    def prepare(self, batch, algo, *, normalizer, step: int):
-        """(chosen, rejected) pairs from each scored group by the registered pairing. A step in which
-        every group's rewards agree has no pair: it yields an empty batch (the learner skips it)."""
+    def prepare(self, batch, algo, *, normalizer, step: int, seed: int = 0):
+        """(chosen, rejected) pairs from each scored group by the registered pairing, each swapped
+        with probability preference.label_flip_prob (pairs from a file were flipped at load). A step in
+        which every group's rewards agree has no pair: it yields an empty batch (the learner skips it)."""
         pref = algo.preference
         chosen, rejected, weights = PAIRINGS.call(pref.pairing, batch["rewards"], batch["group_ids"],
                                                   **settings_of(pref))
-        return pair_batch(batch, chosen, rejected, weights), {"rollout/preference_pairs": float(len(chosen))}
+        metrics = {"rollout/preference_pairs": float(len(chosen))}
+        if pref.label_flip_prob > 0 and pref.pairs == "policy":
+            chosen, rejected, flipped = flip_pairs(chosen, rejected, generator=label_noise_generator(seed, step),
+                                                   flip_prob=pref.label_flip_prob)
+            metrics["reward/label_flipped_frac"] = float(flipped.float().mean()) if len(flipped) else 0.0
+        return pair_batch(batch, chosen, rejected, weights), metrics
 
     def minibatch_norms(self, minibatch) -> dict:
         return {"pair_weight_total": minibatch["pair_weight"].sum().clamp(min=1e-12).item()}
