@@ -59,7 +59,7 @@ bench-algorithms: venv ## Peak memory and step time of ppo (with critic) vs grpo
 # JOBS=2: parallel jobs. SCALE=full: the conf/experiment GPU recipe. ARGS: e.g. --report-only.
 # A table stopped mid-way (killed, machine off) continues when its command runs again: finished runs
 # are kept, interrupted ones resume from their newest checkpoint (the table's checkpoint_every).
-.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-status readme-tables
+.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-noise table-status readme-tables
 
 table-status: venv ## Each run of a table: done / running / interrupted / failed / to do, and the time left: make table-status NAME=dapo [SMOKE=1]
 	@test -n "$(NAME)" || { echo "usage: make table-status NAME=<table in conf/table> [SMOKE=1]"; exit 2; }
@@ -86,10 +86,13 @@ table-kl: venv ## Table: KL beta in {0,0.001,0.04} x estimator k2/k3
 table-tasks: venv ## Table: GRPO vs DAPO vs matched-compute SFT on five tasks (greedy and sampled mean@4, 1,000 test items)
 	$(PY) scripts/make_table.py tasks $(ARGS)
 
+table-noise: venv ## Table: GRPO, PPO, RLOO, group DPO, DPO with 1/0 rewards flipped at p in {0,0.1,0.2,0.3}, drop vs each algorithm's p=0
+	$(PY) scripts/make_table.py noise $(ARGS)
+
 table-smollm2: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO on SmolLM2-135M-Instruct, 2 seeds (about 8 h on 2 CPU cores; not run here yet)
 	$(PY) scripts/make_table.py smollm2 $(ARGS)
 
-readme-tables: venv ## Regenerate README.md's list of tables from tables/*.md and *_findings.json
+readme-tables: venv ## Regenerate tables/README.md's list of tables from tables/*.md and *_findings.json
 	$(PY) -m grpo_lab.tables.readme
 
 table-async: venv ## Table: synchronous vs one-step-stale rollouts (trainer.max_staleness 0 vs 1) at equal samples

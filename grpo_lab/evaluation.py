@@ -1,8 +1,8 @@
 """Held-out evaluation: one function for the RL loop, the warm-up SFT and the SFT control.
 
 Greedy by default (temperature 0: the number every table reports); sampled when temperature > 0
-(the warm-up's stopping signal, shared/ENVIRONMENT.md: greedy accuracy runs far ahead of what
-sampled rollouts see).
+(the warm-up's stopping signal: greedy accuracy runs far ahead of what sampled rollouts see, so a
+warm-up stopped on greedy accuracy leaves RL a policy whose samples are mostly wrong).
 """
 
 from __future__ import annotations

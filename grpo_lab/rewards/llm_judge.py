@@ -1,6 +1,6 @@
 """Reward ``llm_judge``: a frozen judge model reads each completion and writes a score and feedback.
 
-The "LLM critic" of issue 7, as in LLM-as-a-judge (Zheng et al., "Judging LLM-as-a-Judge with
+A frozen LLM critic, as in LLM-as-a-judge (Zheng et al., "Judging LLM-as-a-Judge with
 MT-Bench and Chatbot Arena", arXiv 2306.05685: the judge is prompted with the question, the
 reference and the answer, and its rating is parsed from its text). Here:
 
