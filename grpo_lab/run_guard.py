@@ -53,7 +53,8 @@ RESUMABLE_CHANGES: dict[str, str] = {
 # The lr schedule's length follows trainer.total_steps unless set; it is unused by a constant schedule.
 _UNUSED_WHEN = {"learner.total_steps": lambda cfg: cfg.get("learner", {}).get("lr_schedule") == "constant"}
 
-SIGTERM_GRACE_S = 10.0
+# Under Slurm's default KillWait (30 s between SIGTERM and SIGKILL), with room for the engine's shutdown.
+SIGTERM_GRACE_S = 20.0
 
 
 class RunDirInUse(RuntimeError):
