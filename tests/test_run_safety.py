@@ -227,7 +227,7 @@ def test_resume_falls_back_from_a_corrupt_checkpoint_and_honours_an_explicit_one
 def test_the_warmup_cache_follows_the_datasets_content(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    import grpo_lab.train as train
+    import grpo_lab.run_setup as run_setup
     from grpo_lab.config import finalize, register_configs
     from grpo_lab.tasks import build_task
 
@@ -240,13 +240,13 @@ def test_the_warmup_cache_follows_the_datasets_content(tmp_path, monkeypatch):
             "task.source=local_dataset", f"task.path={data}", "task.dev_size=5", "task.test_size=5",
             "task.answer_format=plain", f"cache_dir={tmp_path / 'cache'}", "rollout=hf"]))
     built = []
-    monkeypatch.setattr(train, "warmup_sft", lambda base, out, *a, **k: built.append(out) or {"steps": 0})
+    monkeypatch.setattr(run_setup, "warmup_sft", lambda base, out, *a, **k: built.append(out) or {"steps": 0})
 
-    train.build_policy(cfg, build_task(cfg.task), torch.device("cpu"))
-    train.build_policy(cfg, build_task(cfg.task), torch.device("cpu"))
+    run_setup.build_policy(cfg, build_task(cfg.task), torch.device("cpu"))
+    run_setup.build_policy(cfg, build_task(cfg.task), torch.device("cpu"))
     rows[0]["answer"] = "3"                                       # the file edited in place: same path
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    train.build_policy(cfg, build_task(cfg.task), torch.device("cpu"))
+    run_setup.build_policy(cfg, build_task(cfg.task), torch.device("cpu"))
     assert built[0] == built[1] != built[2]
 
 
