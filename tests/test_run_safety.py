@@ -110,6 +110,7 @@ def test_resume_replays_the_runs_own_overrides_and_honours_an_explicit_checkpoin
 
 
 # ------------------------------------------------------------------ one process per run directory
+@pytest.mark.slow
 def test_one_process_owns_a_run_directory(tmp_path, warm_cache):
     run_dir = tmp_path / "run"
     assert run_train(RUN, run_dir, warm_cache).returncode == 0
