@@ -22,7 +22,7 @@ import yaml
 from helpers import REPO, TINY_RUN, read_metrics, run_train
 
 from grpo_lab import checkpoint, run_guard
-from grpo_lab.config import ConfigError
+from grpo_lab.schema import ConfigError
 from grpo_lab.resume import resume_command
 
 RUN = [*TINY_RUN, "rollout=hf", "trainer.total_steps=2", "trainer.checkpoint_every=1", "trainer.keep_checkpoints=2"]
