@@ -60,7 +60,9 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
     if cfg.warmup.max_steps == 0:
         return base_dir, {"skipped": True}
-    warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed)
+    # A dataset read from files is keyed by their content too: one edited in place gets a new warm-up.
+    data = [task.info["data_sha256"]] if task.info.get("data_sha256") else []
+    warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed, *data)
     stats = warmup_sft(base_dir, warm_dir, task, cfg.warmup, max_new_tokens=cfg.rollout.max_new_tokens,
                        seed=cfg.seed, device=device)
     return warm_dir, stats

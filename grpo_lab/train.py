@@ -13,7 +13,6 @@ shared with the matched-compute SFT control) and no I/O format (grpo_lab/logging
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from pathlib import Path
@@ -21,12 +20,13 @@ from pathlib import Path
 import hydra
 import psutil
 import torch
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from grpo_lab import checkpoint
+from grpo_lab import checkpoint, run_guard
 from grpo_lab.backends import TRAINER_BACKENDS, follow
 from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.cpu_placement import engine_cores, plan_placement
@@ -246,33 +246,72 @@ def prepare_run_dir(cfg: DictConfig, run_dir: Path) -> Path | None:
     return resume_from
 
 
+def check_resume(cfg: DictConfig, resume_from: Path | None) -> tuple[list[dict], list[dict]]:
+    """(all resume changes of the run so far, this resume's) against the config the checkpoint was
+    written under; a change of anything that defines the run is refused here, before any model loads."""
+    if resume_from is None:
+        return [], []
+    # Its own copy; a checkpoint from before it had one: its run directory's.
+    for recorded_file in (resume_from / checkpoint.CONFIG_FILE, resume_from.parent.parent / "config.yaml"):
+        if recorded_file.is_file():
+            recorded = yaml.safe_load(recorded_file.read_text()) or {}
+            break
+    else:
+        print(f"warning: no config.yaml recorded for {resume_from}; the resumed config is not compared", file=sys.stderr)
+        return [], []
+    new = run_guard.resume_changes(cfg, recorded, step=checkpoint.load_step(resume_from))
+    return [*recorded.get("resume_changes", []), *new], new
+
+
+def refuse(run_dir: Path, lock: run_guard.RunLock | None) -> bool:
+    """After a launch failed before it started: True when the directory holds a run (or another process
+    owns it), which must then be left as it was (train.main restores what Hydra wrote)."""
+    if lock is not None:
+        lock.release()
+    if lock is None or recorded_lines(run_dir) > 0 or checkpoint.checkpoints(run_dir):
+        run_guard.REFUSED.add(Path(run_dir).resolve())
+        return True
+    return False
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def run(cfg: DictConfig) -> float:
     """One run: validate, then train, recording the outcome (also a failed validation) in the run directory."""
-    # SIGTERM (a cancelled job, `kill`) unwinds like Ctrl-C, so the run is recorded as failed and the
-    # engine's processes are shut down instead of being orphaned.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    run_guard.install_sigterm()
     hc = HydraConfig.get()
     cfg = finalize(cfg)
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
+    lock = None
     try:
+        lock = run_guard.RunLock(run_dir)   # one process per run directory, before anything is loaded
         validate(cfg)  # before any model is loaded (includes the memory plan's verdict)
         print(plan_memory(cfg).render())
         resume_from = prepare_run_dir(cfg, run_dir)
+        changes, new_changes = check_resume(cfg, resume_from)
+        state = checkpoint.load(resume_from)["recorder"] if resume_from else None
     except Exception as err:
         # A sweep job that fails here still leaves a record the report counts as failed, unless the
-        # directory already holds a run (nothing already written is lost).
-        if recorded_lines(run_dir) == 0:
+        # directory already holds a run: then the launch is refused and nothing in it changes.
+        if not refuse(run_dir, lock):
             record_failure(run_dir, cfg, overrides=overrides, error=err)
         raise
-    state = checkpoint.load(resume_from)["recorder"] if resume_from else None
-    recorder = open_recorder(run_dir, cfg, overrides, sweep=Path(hc.sweep.dir).name if multirun else None,
-                             resume=state)
-    result = record_outcome(recorder, lambda: train(cfg, recorder, resume_from),
-                            lambda r: {"warmup": r["warmup"], "learner_threads": r["learner_threads"],
-                                       "resumed_from": str(resume_from) if resume_from else None})
+    with lock:   # released when the run ends (and by the OS if the process dies)
+        lock.mark_owner()
+        checkpoint.remove_partial(run_dir)
+        recorder = open_recorder(run_dir, cfg, overrides, sweep=Path(hc.sweep.dir).name if multirun else None,
+                                 resume=state)
+        recorder.record_resume_changes(changes, new=new_changes)
+        run_guard.on_stuck_sigterm(lambda: recorder.record_stuck(SystemExit(
+            f"SIGTERM: the main thread did not unwind within {run_guard.SIGTERM_GRACE_S:g} s (stuck in a C "
+            "call or a join); the watchdog ended the process")))
+        try:
+            result = record_outcome(recorder, lambda: train(cfg, recorder, resume_from),
+                                    lambda r: {"warmup": r["warmup"], "learner_threads": r["learner_threads"],
+                                               "resumed_from": str(resume_from) if resume_from else None})
+        finally:
+            run_guard.on_stuck_sigterm(None)
     print_before_after(result, recorder.run_dir)
     return float(result["after"]["eval/accuracy"])
 
@@ -283,7 +322,17 @@ def main() -> None:
         follow()
         distributed.end_process()
     register_configs()
-    run()
+    # A launch refused because its directory holds a run leaves it as it was: Hydra has already written
+    # `.hydra/` and its log there, so they are put back once Hydra has exited.
+    run_guard.REFUSED.clear()
+    given_dir = run_guard.run_dir_argument(sys.argv[1:])
+    snapshot = run_guard.DirSnapshot(given_dir) if given_dir else None
+    try:
+        run()
+    except BaseException:
+        if snapshot is not None and snapshot.run_dir.resolve() in run_guard.REFUSED:
+            snapshot.restore()
+        raise
     if distributed.launched_distributed():   # a torchrun rank 0 that completed; see end_process for why
         distributed.end_process()
 

@@ -39,7 +39,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("learner", ["grpo_lab.learner.learner"]),
     ("plans and checks", ["grpo_lab.memory_plan", "grpo_lab.validation_io", "grpo_lab.cpu_placement"]),
     ("run services", ["grpo_lab.backends", "grpo_lab.ray_backend", "grpo_lab.warmup", "grpo_lab.checkpoint",
-                      "grpo_lab.resume", "grpo_lab.logging", "grpo_lab.run_setup"]),
+                      "grpo_lab.resume", "grpo_lab.logging", "grpo_lab.run_setup", "grpo_lab.run_guard"]),
     ("config", ["grpo_lab.config"]),
     ("entry point", ["grpo_lab.train"]),
     ("report", ["grpo_lab.report"]),

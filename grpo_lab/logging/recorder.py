@@ -1,8 +1,12 @@
 """One call site for everything a run records.
 
-Every run writes, under its directory: `config.yaml` (the resolved config actually run),
-`metrics.jsonl` (one line per step, plus eval lines), `summary.json` (status, error, initial and
-final metrics) — so the table makers never depend on a wandb server. When `logger.backend=wandb`
+Every run writes, under its directory: `config.yaml` (the resolved config actually run; after a resume
+that changed a key grpo_lab.run_guard allows, also `resume_changes`: one {step, key, old, new} per
+change), `overrides.yaml` (the command-line overrides it was launched with: what `grpo_lab.resume`
+replays; Hydra's `.hydra/overrides.yaml` is rewritten by any launch into the directory, a refused one
+included), `metrics.jsonl` (one line per step, plus eval lines, plus a `resume_changes` line at the
+step a resume changed something), `summary.json` (status, error, initial and final metrics) — so the
+table makers never depend on a wandb server. When `logger.backend=wandb`
 the same metrics go to wandb (offline unless the user configured it online), with run name,
 group, job_type and tags derived from the config and the sweep.
 """
@@ -12,11 +16,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 import traceback
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
+
+OVERRIDES_FILE = "overrides.yaml"
 
 
 def wandb_mode(configured: str | None) -> str:
@@ -63,6 +71,8 @@ class RunRecorder:
         self.cfg, self.overrides = cfg, overrides
         self.start = time.time() - (resume["elapsed"] if resume else 0.0)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (self.run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
+        self._finishing, self.summary = threading.Lock(), None
         metrics_path = self.run_dir / "metrics.jsonl"
         self.lines = 0
         if resume:
@@ -108,6 +118,21 @@ class RunRecorder:
         if self.wandb is not None:
             self.wandb.log({**metrics, "samples": samples}, step=step)
 
+    def record_resume_changes(self, changes: list[dict], *, new: list[dict]) -> None:
+        """`changes`: every change of the run's resumes so far ({step, key, old, new}), into config.yaml;
+        `new`: this resume's, also as one metrics.jsonl line at the resume step (and into wandb's config)."""
+        if changes:
+            (self.run_dir / "config.yaml").write_text(
+                OmegaConf.to_yaml(self.cfg, resolve=True) + yaml.safe_dump({"resume_changes": changes}, sort_keys=False))
+        if new:
+            record = {"step": self.step, "samples": self.samples, "wall_time_s": round(time.time() - self.start, 3),
+                      "resume_changes": {c["key"]: {"old": c["old"], "new": c["new"]} for c in new}}
+            self.metrics_file.write(json.dumps(record, default=str) + "\n")
+            self.lines += 1
+            if self.wandb is not None:
+                self.wandb.config.update({**OmegaConf.to_container(self.cfg, resolve=True), "resume_changes": changes},
+                                         allow_val_change=True)
+
     def log_samples(self, rows: list[dict], *, step: int, kind: str) -> None:
         """What the policy wrote: one samples.jsonl line per row (`kind`: "train" or "eval"), and the
         same rows as a wandb Table (`samples/<kind>`)."""
@@ -130,11 +155,29 @@ class RunRecorder:
                 "step": self.step, "samples": self.samples,
                 "wandb_id": self.wandb.id if self.wandb is not None else None}
 
-    def finish(self, *, status: str, error: BaseException | None = None, extra: dict | None = None) -> dict:
+    def _write_summary(self, status: str, error: BaseException | None, extra: dict | None) -> dict:
         summary = _summary(status, error, self.cfg, self.overrides, initial=self.initial,
                            final={k: v for k, v in self.last.items() if _finite(v)}, steps=self.step,
                            samples=self.samples, wall_time_s=round(time.time() - self.start, 2), **(extra or {}))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.summary = summary
+        return summary
+
+    def record_stuck(self, error: BaseException) -> None:
+        """summary.json (status "failed") from another thread while the main thread is stuck (the SIGTERM
+        watchdog, grpo_lab.run_guard): nothing else, since the main thread may hold the files and wandb."""
+        if self._finishing.acquire(timeout=2):
+            try:
+                if self.summary is None:
+                    self._write_summary("failed", error, None)
+            finally:
+                self._finishing.release()
+
+    def finish(self, *, status: str, error: BaseException | None = None, extra: dict | None = None) -> dict:
+        with self._finishing:
+            if self.summary is not None:   # recorded already (the SIGTERM watchdog)
+                return self.summary
+            summary = self._write_summary(status, error, extra)
         self.metrics_file.close()
         self.samples_file.close()
         if self.wandb is not None:

@@ -37,6 +37,7 @@ without the prompt or answer field (split and row named), and an answer that com
 from __future__ import annotations
 
 import json
+import hashlib
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -169,6 +170,23 @@ def load_source(path: str | Mapping[str, str], hub_config: str | None = None) ->
             "(JSONL/parquet/CSV, or a save_to_disk directory) elsewhere and pass its local path, e.g. "
             "task.path=/data/gsm8k_train.jsonl"
         ) from e
+
+
+def data_digest(files: Sequence[str]) -> str | None:
+    """sha256 of the bytes of the local files (a directory: every file in it, by relative name) a dataset
+    is read from; None when one of them is not local (a hub name). Caches built from the data (the
+    warm-up) are keyed by it, so a file edited in place is not mistaken for the one a cache was built on."""
+    digest = hashlib.sha256()
+    for name in files:
+        p = Path(str(name)).expanduser()
+        if not p.exists():
+            return None
+        for f in sorted(q for q in ([p] if p.is_file() else p.rglob("*")) if q.is_file()):
+            digest.update(f"{f.relative_to(p) if f != p else ''}\0{f.stat().st_size}\0".encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
 
 
 def _split_files(splits: Mapping[str, str] | None) -> dict[str, str] | None:
@@ -322,6 +340,7 @@ def local_dataset_task(
     info = {
         "source": "local_dataset",
         "path": str(path) if not isinstance(path, Mapping) else dict(path),
+        "data_sha256": data_digest(list(files.values())),
         "split_map": mapping,
         "answer_format": answer_format,
         # Left to the source (plain): read with boxed_or_last for chat models (grpo_lab.prompts).
