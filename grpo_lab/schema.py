@@ -255,6 +255,13 @@ class RewardConfig:
     on_error: float = 0.0
     # Fail the run when more than this fraction of a step's samples had a failed reward (0 = any).
     max_error_frac: float = 0.1
+    # Fail the run when one reward's calls time out this many times in a row (its batch call, then
+    # single samples): a reward that hangs on everything fails after 3 x timeout_s (null = no such rule).
+    max_consecutive_timeouts: Optional[int] = 3
+    # Where reward calls run: auto (a killable worker process for rewards that may hang: plug-ins, math_verify;
+    # this process for the cheap built-ins), process (all in the worker), thread (all here: a hang in C code
+    # or a sleep in the max_staleness=1 sampling thread cannot be interrupted). grpo_lab/rewards/isolation.py
+    isolation: str = "auto"
     # The frozen judge model of reward llm_judge (read only when reward.weights names llm_judge).
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # Controlled noise on the training reward, after the reward functions, before shaping and advantages.
