@@ -186,6 +186,9 @@ class TaskConfig:
     system_prompt: Optional[str] = None
     # local_dataset from the hub: the dataset's configuration name (e.g. "main" for openai/gsm8k).
     hub_config: Optional[str] = None
+    # Prompts too long for rollout.max_model_len (with rollout.max_new_tokens): false = refuse the run (the
+    # error names the data and the count), true = drop those rows from every split and print how many.
+    drop_overlong: bool = False
 
 
 @dataclass
