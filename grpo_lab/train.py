@@ -153,7 +153,10 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
                 batch, prep_metrics = objective.prepare(batch, a, normalizer=normalizer, step=step, seed=cfg.seed)
                 metrics.update(prep_metrics)
                 metrics.update(learner.update(batch))
-                bad = metrics["actor/nonfinite_updates"] > 0
+                if metrics.get("actor/empty_batch"):   # no update ran, so none was non-finite
+                    print(f"step {step}: nothing to train on (the objective left an empty batch, e.g. no preference "
+                          "pair: every group's rewards agree); this step makes no update")
+                bad = metrics.get("actor/nonfinite_updates", 0.0) > 0
                 if not learner.parameters_finite():
                     raise NonFiniteError(f"the policy's weights became NaN/inf at step {step} (learner.lr="
                                          f"{cfg.learner.lr:g}); lower learner.lr or set learner.grad_clip; no "

@@ -1,6 +1,7 @@
 """Checks on the data run before any training, the warm-up included: a local dataset holding a prompt
 longer than the engine's context is refused at once (naming the file, the row count and the keys to
-change), or with task.drop_overlong=true its long rows are dropped with a printed count."""
+change), or with task.drop_overlong=true its long rows are dropped with a printed count. And a step
+whose objective leaves nothing to train on (DPO without a preference pair) is skipped with a message."""
 
 from __future__ import annotations
 
@@ -43,3 +44,17 @@ def test_drop_overlong_drops_the_long_rows_with_a_count(tmp_path):
     assert "task.drop_overlong: dropped 1 of 50 prompts" in proc.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed"
+
+
+def test_a_dpo_step_without_a_preference_pair_is_skipped_with_a_message(tmp_path):
+    # Near-greedy sampling: both samples of a group agree, so their rewards do and no pair forms.
+    proc = run_train(["algorithm=dpo", "rollout.temperature=1e-6", "rollout.group_size=2", "rollout=hf", "logger=none",
+                      "trainer.total_steps=2", "trainer.prompts_per_step=2", "trainer.eval_every=0",
+                      "warmup.max_steps=0", "task.train_size=50", "task.dev_size=4", "task.test_size=4"],
+                     tmp_path / "run", tmp_path / "cache", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 1: nothing to train on" in proc.stdout
+    steps = [json.loads(s) for s in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "perf/step_time_s" in m]
+    assert len(steps) == 2 and all(m["actor/empty_batch"] == 1.0 and m["rollout/preference_pairs"] == 0.0
+                                   for m in steps)
