@@ -289,6 +289,9 @@ class RolloutConfig:
     max_new_tokens: int = "${task.max_completion_tokens}"  # type: ignore[assignment]
     # vLLM: fraction of device memory (on the CPU backend: of RAM) reserved for the KV cache.
     gpu_memory_utilization: float = 0.1
+    # vLLM: KV cache size in bytes, e.g. 268435456 (256 MiB), instead of a share of memory (then
+    # gpu_memory_utilization is ignored, and a busy machine's free memory no longer decides); null = the share.
+    kv_cache_bytes: Optional[int] = None
     # vLLM: context length the engine allocates for.
     max_model_len: int = 256
     # vLLM: eager mode (no graph capture); required for fast start-up on CPU.
