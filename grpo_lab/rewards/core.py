@@ -301,6 +301,47 @@ def _short(x: Any, n: int = 80) -> str:
     return r if len(r) <= n else r[: n - 3] + "..."
 
 
+class _RewardCalls:
+    """The calls of one :func:`compute_rewards`: ``self(name, completions, fields)`` calls reward
+    ``name`` within ``timeout_s``, in this process or in the worker (``isolation``), with the settings
+    its signature names; timeouts in a row are counted per reward (any other outcome ends a streak)."""
+
+    def __init__(self, fns: dict[str, Any], settings: dict[str, Any], *, timeout_s: float | None, isolation: str,
+                 max_consecutive_timeouts: int | None):
+        if isolation not in ISOLATION:
+            raise ValueError(f"reward.isolation={isolation!r}; valid choices: {', '.join(ISOLATION)}")
+        self.fns, self.settings, self.timeout_s, self.limit = fns, settings, timeout_s, max_consecutive_timeouts
+        # A function that runs in the worker travels there by reference (module and name).
+        self.refs = {name: function_ref(fn, name) for name, fn in fns.items()
+                     if isolation == "process" or (isolation == "auto" and REWARDS.fact(name, "may_hang"))}
+        self.streak: dict[str, int] = {}
+
+    def __call__(self, name: str, comps: list[str], flds: dict[str, list]) -> Any:
+        fn = self.fns[name]
+        params = inspect.signature(fn).parameters
+        takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        kwargs = {**flds, **{k: v for k, v in self.settings.items() if takes_all or k in params}}
+        self.streak[name], timeouts = 0, self.streak.get(name, 0)
+        try:
+            if name in self.refs:
+                return call_in_worker(self.refs[name], comps, kwargs, self.timeout_s)
+            with _deadline(self.timeout_s):
+                return fn(comps, **kwargs)
+        except RewardTimeout:
+            self.streak[name] = timeouts + 1
+            raise
+
+    def check_streak(self, name: str) -> None:
+        """RewardError when reward ``name`` timed out ``max_consecutive_timeouts`` times in a row."""
+        k = self.streak.get(name, 0)
+        if self.limit is not None and k >= self.limit:
+            raise RewardError(
+                f"reward {name!r} timed out {k} times in a row (its batch call, then single samples) at "
+                f"reward.timeout_s={self.timeout_s:g}: it hangs rather than runs slowly, so the run stops here "
+                f"(reward.max_consecutive_timeouts={self.limit}). Fix the reward function, or raise "
+                "reward.timeout_s if it is merely slow")
+
+
 def compute_rewards(
     completions: list[str],
     items: Sequence[Any],
@@ -348,45 +389,16 @@ def compute_rewards(
     dup = sorted({x for x in names if names.count(x) > 1})
     if dup:
         raise ValueError(f"rewards listed more than once: {dup}; give each reward one weight")
-    if isolation not in ISOLATION:
-        raise ValueError(f"reward.isolation={isolation!r}; valid choices: {', '.join(ISOLATION)}")
     fns = {name: REWARDS.get(name) for name in names}  # registered, or a plug-in 'package.module:function'
-    # A function that runs in the worker travels there by reference (module and name).
-    refs = {name: function_ref(fn, name) for name, fn in fns.items()
-            if isolation == "process" or (isolation == "auto" and REWARDS.fact(name, "may_hang"))}
     fields = reward_fields(items)
     settings = dict(settings or {})
     clash = sorted(set(settings) & set(fields))
     if clash:
         raise ValueError(f"reward settings {clash} have the names of per-sample fields; rename them")
+    call = _RewardCalls(fns, settings, timeout_s=timeout_s, isolation=isolation,
+                        max_consecutive_timeouts=max_consecutive_timeouts)
     completions = list(completions)
     info: dict[str, list] = {}
-
-    def call(name: str, comps: list[str], flds: dict[str, list]) -> Any:
-        """One call of reward ``name`` within ``timeout_s``, here or in the worker; a timeout counts
-        towards ``max_consecutive_timeouts``, any other outcome ends the streak."""
-        fn = fns[name]
-        params = inspect.signature(fn).parameters
-        takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
-        kwargs = {**flds, **{k: v for k, v in settings.items() if takes_all or k in params}}
-        streak[name], timeouts = 0, streak.get(name, 0)
-        try:
-            if name in refs:
-                return call_in_worker(refs[name], comps, kwargs, timeout_s)
-            with _deadline(timeout_s):
-                return fn(comps, **kwargs)
-        except RewardTimeout:
-            streak[name] = timeouts + 1
-            raise
-
-    def check_streak(name: str) -> None:
-        k = streak.get(name, 0)
-        if max_consecutive_timeouts is not None and k >= max_consecutive_timeouts:
-            raise RewardError(
-                f"reward {name!r} timed out {k} times in a row (its batch call, then single samples) at "
-                f"reward.timeout_s={timeout_s:g}: it hangs rather than runs slowly, so the run stops here "
-                f"(reward.max_consecutive_timeouts={max_consecutive_timeouts}). Fix the reward function, or raise "
-                "reward.timeout_s if it is merely slow")
 
     def extras(name: str, raw: Any, m: int) -> dict[str, list]:
         got = getattr(raw, "info", None) or {}
@@ -396,7 +408,6 @@ def compute_rewards(
                                    "completions")
         return got
     failed: dict[int, str] = {}  # sample -> first failure, for the message
-    streak: dict[str, int] = {}   # reward -> timeouts in a row
     counts = {"errors": 0, "timeouts": 0}
     budget = int(max_error_frac * n + 1e-9)  # failed samples tolerated
 
@@ -440,7 +451,7 @@ def compute_rewards(
             raw = call(name, completions, fields)
             batch_failure = None
         except RewardTimeout:
-            check_streak(name)
+            call.check_streak(name)
             batch_failure = f"timed out on the batch (reward.timeout_s={timeout_s:g})"
         except Exception as e:  # contained: found per sample below
             batch_failure = f"{type(e).__name__}: {e}"
@@ -472,7 +483,7 @@ def compute_rewards(
                     vals.append(on_error)
                 if len(failed) > budget:
                     give_up()
-                check_streak(name)
+                call.check_streak(name)
         if len(failed) > budget:
             give_up()
         per[name] = vals
