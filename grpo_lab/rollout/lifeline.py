@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from grpo_lab.parent_death import PR_SET_PDEATHSIG, set_parent_death_signal  # noqa: F401  (re-exported)
+from grpo_lab.parent_death import set_parent_death_signal  # also lifeline.set_parent_death_signal for engine_process
 
 # Modules (vllm 0.32) that start engine processes through a module-level `get_mp_context` name.
 VLLM_PROCESS_STARTERS = ("vllm.v1.engine.utils", "vllm.v1.executor.multiproc_executor")
