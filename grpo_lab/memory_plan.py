@@ -232,7 +232,11 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
     from grpo_lab.rollout import ROLLOUT_ENGINES
 
     if r.engine in ROLLOUT_ENGINES and ROLLOUT_ENGINES.fact(r.engine, "reserves_memory_fraction"):
-        if kind == "cuda":
+        if r.get("kv_cache_bytes") is not None:   # vLLM then ignores gpu_memory_utilization
+            dp = 1 if kind == "cuda" else int(r.get("data_parallel_size", 1))
+            add(f"rollout engine ({r.engine})", dp * (r.kv_cache_bytes + eng * P),
+                f"{dp} × ({r.kv_cache_bytes:,} B KV cache (rollout.kv_cache_bytes) + {eng}·P weights)")
+        elif kind == "cuda":
             add(f"rollout engine ({r.engine})", r.gpu_memory_utilization * (mem or 0),
                 f"gpu_memory_utilization {r.gpu_memory_utilization} × device memory (weights + KV cache)")
         else:   # every replica (rollout.data_parallel_size) reserves its own share of the one RAM

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from grpo_lab.algos import ema_reward_normalize, group_stats, informative_group_mask, soft_overlong_penalty
 from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
-from grpo_lab.rewards import compute_rewards, contained_settings, is_correct
+from grpo_lab.rewards import compute_rewards, contained_settings, is_correct, stop_reward_worker
 from grpo_lab.rewards.noise import REWARD_NOISE, noise_metrics
 from grpo_lab.rollout import Rollout
 
@@ -308,6 +308,8 @@ class RolloutPipeline:
         self.pending, self.version = state.get("pending"), state.get("version", 0)
 
     def close(self) -> None:
+        # First the reward worker: a sampling thread waiting on a hung reward then ends (SIGTERM, an error).
+        stop_reward_worker()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 

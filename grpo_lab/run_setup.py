@@ -18,6 +18,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
+from grpo_lab.schema import ConfigError
+from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
 from grpo_lab.warmup import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
@@ -46,8 +48,39 @@ def set_learner_threads(cfg: DictConfig) -> int:
     return set_cpu_threads(cfg.learner.num_threads or learner_threads(cfg))
 
 
+def check_context(cfg: DictConfig, task, tokenizer) -> None:
+    """Every prompt plus rollout.max_new_tokens must fit the engine's context: checked on the tokenized
+    prompts before any training (the warm-up would otherwise train on them, and one 10,000-token row
+    asks for gigabytes of attention) and before any engine starts. Rows over it refuse the run, or with
+    task.drop_overlong=true leave every split, with a printed count."""
+    room = cfg.rollout.max_model_len - cfg.rollout.max_new_tokens
+    lengths = {name: [len(encode_prompt(tokenizer, it.prompt)) for it in split] for name, split in task.splits.items()}
+    over = {name: [n > room for n in ls] for name, ls in lengths.items()}
+    n_over, n_all = sum(sum(o) for o in over.values()), sum(len(ls) for ls in lengths.values())
+    if not n_over:
+        return
+    longest = max(max(ls, default=0) for ls in lengths.values())
+    data = f"task.path={cfg.task.path}" if cfg.task.get("path") else f"task {cfg.task.name!r}"
+    if not cfg.task.get("drop_overlong", False):
+        raise ConfigError(
+            f"rollout.max_model_len={cfg.rollout.max_model_len} is too small for {n_over} of {n_all} prompts of {data}: "
+            f"the longest has {longest} tokens and rollout.max_new_tokens={cfg.rollout.max_new_tokens}; raise "
+            f"rollout.max_model_len to >= {longest + cfg.rollout.max_new_tokens} (within the model's context), lower "
+            "rollout.max_new_tokens, or drop those rows with task.drop_overlong=true")
+    for name, flags in over.items():
+        task.splits[name] = [it for it, too_long in zip(task.splits[name], flags) if not too_long]
+        if not task.splits[name]:
+            raise ConfigError(f"task.drop_overlong=true dropped every prompt of the {name} split of {data} (none fits "
+                              f"rollout.max_model_len={cfg.rollout.max_model_len} with rollout.max_new_tokens="
+                              f"{cfg.rollout.max_new_tokens}); raise rollout.max_model_len")
+    per_split = ", ".join(f"{name} {sum(flags)}" for name, flags in over.items() if any(flags))
+    print(f"task.drop_overlong: dropped {n_over} of {n_all} prompts of {data} longer than {room} tokens "
+          f"(rollout.max_model_len - rollout.max_new_tokens; {per_split})")
+
+
 def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dict]:
-    """Model built from config (cached), then supervised warm-up (cached): the RL starting point."""
+    """Model built from config (cached), the prompts checked against the context (`check_context`), then
+    supervised warm-up (cached): the RL starting point."""
     cache = Path(cfg.cache_dir)
     model_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if v is not None}
     builder = model_kwargs.pop("builder")
@@ -57,7 +90,8 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     base_dir = cache / "models" / (cache_key(cfg.model, alphabet, cfg.seed) if per_task else cache_key(cfg.model))
     base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed, **model_kwargs))
     # Before the warm-up formats its targets: a chat model reads answers in its own style.
-    prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
+    tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
+    check_context(cfg, task, tokenizer)   # every check on the data before any training, the warm-up's too
     if cfg.warmup.max_steps == 0:
         return base_dir, {"skipped": True}
     # A dataset read from files is keyed by their content too: one edited in place gets a new warm-up.

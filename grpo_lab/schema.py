@@ -186,6 +186,9 @@ class TaskConfig:
     system_prompt: Optional[str] = None
     # local_dataset from the hub: the dataset's configuration name (e.g. "main" for openai/gsm8k).
     hub_config: Optional[str] = None
+    # Prompts too long for rollout.max_model_len (with rollout.max_new_tokens): false = refuse the run (the
+    # error names the data and the count), true = drop those rows from every split and print how many.
+    drop_overlong: bool = False
 
 
 @dataclass
@@ -255,6 +258,13 @@ class RewardConfig:
     on_error: float = 0.0
     # Fail the run when more than this fraction of a step's samples had a failed reward (0 = any).
     max_error_frac: float = 0.1
+    # Fail the run when one reward's calls time out this many times in a row (its batch call, then
+    # single samples): a reward that hangs on everything fails after 3 x timeout_s (null = no such rule).
+    max_consecutive_timeouts: Optional[int] = 3
+    # Where reward calls run: auto (a killable worker process for rewards that may hang: plug-ins, math_verify;
+    # this process for the cheap built-ins), process (all in the worker), thread (all here: a hang in C code
+    # or a sleep in the max_staleness=1 sampling thread cannot be interrupted). grpo_lab/rewards/isolation.py
+    isolation: str = "auto"
     # The frozen judge model of reward llm_judge (read only when reward.weights names llm_judge).
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # Controlled noise on the training reward, after the reward functions, before shaping and advantages.
@@ -279,6 +289,9 @@ class RolloutConfig:
     max_new_tokens: int = "${task.max_completion_tokens}"  # type: ignore[assignment]
     # vLLM: fraction of device memory (on the CPU backend: of RAM) reserved for the KV cache.
     gpu_memory_utilization: float = 0.1
+    # vLLM: KV cache size in bytes, e.g. 268435456 (256 MiB), instead of a share of memory (then
+    # gpu_memory_utilization is ignored, and a busy machine's free memory no longer decides); null = the share.
+    kv_cache_bytes: Optional[int] = None
     # vLLM: context length the engine allocates for.
     max_model_len: int = 256
     # vLLM: eager mode (no graph capture); required for fast start-up on CPU.

@@ -31,7 +31,6 @@ from grpo_lab.backends import TRAINER_BACKENDS, follow
 from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.cpu_placement import engine_cores, plan_placement
 from grpo_lab.evaluation import evaluate_held_out
-from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner import distributed
 from grpo_lab.learner.learner import release_freed_host_memory
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
@@ -97,23 +96,9 @@ def host_tree_rss_gib(root: psutil.Process | None = None) -> float:
     return total / 2**30
 
 
-def check_context(cfg: DictConfig, task, tokenizer) -> None:
-    """The longest prompt plus rollout.max_new_tokens must fit the engine's context: checked on the
-    tokenized prompts before any engine starts, not as a failure inside it."""
-    longest = max((len(encode_prompt(tokenizer, it.prompt)) for split in task.splits.values() for it in split),
-                  default=0)
-    if longest + cfg.rollout.max_new_tokens > cfg.rollout.max_model_len:
-        raise ConfigError(
-            f"rollout.max_model_len={cfg.rollout.max_model_len} is too small: the longest prompt of task "
-            f"{cfg.task.name!r} has {longest} tokens and rollout.max_new_tokens={cfg.rollout.max_new_tokens}; "
-            f"raise rollout.max_model_len to >= {longest + cfg.rollout.max_new_tokens} (within the model's context) "
-            "or lower rollout.max_new_tokens")
-
-
 def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
     start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
     task, tokenizer, device, policy_dir = start.task, start.tokenizer, start.device, start.policy_dir
-    check_context(cfg, task, tokenizer)
     a, t = cfg.algorithm, cfg.trainer
     objective = OBJECTIVES.get(a.objective)
     # Where the learner and the engine run: this process (or torchrun ranks), or Ray actors (backends.py).
@@ -168,7 +153,10 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
                 batch, prep_metrics = objective.prepare(batch, a, normalizer=normalizer, step=step, seed=cfg.seed)
                 metrics.update(prep_metrics)
                 metrics.update(learner.update(batch))
-                bad = metrics["actor/nonfinite_updates"] > 0
+                if metrics.get("actor/empty_batch"):   # no update ran, so none was non-finite
+                    print(f"step {step}: nothing to train on (the objective left an empty batch, e.g. no preference "
+                          "pair: every group's rewards agree); this step makes no update")
+                bad = metrics.get("actor/nonfinite_updates", 0.0) > 0
                 if not learner.parameters_finite():
                     raise NonFiniteError(f"the policy's weights became NaN/inf at step {step} (learner.lr="
                                          f"{cfg.learner.lr:g}); lower learner.lr or set learner.grad_clip; no "

@@ -53,6 +53,29 @@ def _validate_reward(rw: Any, errors: list[str]) -> None:
     if not (_finite(rw.max_error_frac) and 0.0 <= float(rw.max_error_frac) <= 1.0):
         errors.append(f"reward.max_error_frac={rw.max_error_frac} must lie in [0, 1] (0 = any failed reward "
                       "fails the run; 0.1 tolerates 10 % of a step's samples)")
+    _validate_isolation(rw, errors)
+
+
+def _validate_isolation(rw: Any, errors: list[str]) -> None:
+    from grpo_lab.rewards import REWARDS
+    from grpo_lab.rewards.core import ISOLATION
+    from grpo_lab.rewards.isolation import function_ref
+
+    limit = rw.max_consecutive_timeouts
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        errors.append(f"reward.max_consecutive_timeouts={limit} must be an integer >= 1 (e.g. 3: a reward that "
+                      "times out 3 times in a row fails the run) or null for no such rule")
+    if rw.isolation not in ISOLATION:
+        errors.append(f"reward.isolation={rw.isolation!r}; valid choices: {', '.join(ISOLATION)} (auto: a worker "
+                      "process for rewards that may hang, this process for the built-in pure ones)")
+        return
+    for name in rw.weights:
+        if str(name) in REWARDS and (rw.isolation == "process" or REWARDS.fact(str(name), "may_hang")) \
+                and rw.isolation != "thread":
+            try:
+                function_ref(REWARDS.get(str(name)), str(name))
+            except ValueError as err:
+                errors.append(f"reward.isolation={rw.isolation}: {err}")
 
 
 def _validate_reward_noise(rw: Any, errors: list[str]) -> None:
@@ -80,6 +103,10 @@ def _validate_reward_noise(rw: Any, errors: list[str]) -> None:
 
 def _validate_rollout(r: Any, errors: list[str]) -> None:
     _timeout(r.generate_timeout_s, "rollout.generate_timeout_s", errors, "600")
+    kv = r.get("kv_cache_bytes")
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 2**20):
+        errors.append(f"rollout.kv_cache_bytes={kv} must be a whole number of bytes >= 1 MiB (e.g. "
+                      "rollout.kv_cache_bytes=268435456 for 256 MiB) or null (rollout.gpu_memory_utilization decides)")
     _timeout(r.sync_timeout_s, "rollout.sync_timeout_s", errors, "300")
     if r.max_model_len < 2:
         errors.append(f"rollout.max_model_len={r.max_model_len} must hold a prompt and its completion")

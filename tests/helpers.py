@@ -18,8 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 # is 0 and nothing would move): few prompts, no periodic eval. The warm-up is cached per session.
 TASK = ["task.train_size=4000", "task.dev_size=50", "task.test_size=50"]
 WARMUP = ["warmup.max_steps=400", "warmup.eval_every=100", "warmup.target_sampled_dev_accuracy=0.08"]
+# Tests that start vLLM give its KV cache a size in bytes, not a share of RAM: on a busy shared machine
+# that share may not be free, and vLLM then refuses to start. Every vLLM test config uses it.
+VLLM_KV_CACHE_BYTES = 256 * 2**20
+VLLM_KV = [f"rollout.kv_cache_bytes={VLLM_KV_CACHE_BYTES}"]
 TINY_RUN = ["logger=none", "trainer.total_steps=2", "trainer.prompts_per_step=8", "rollout.group_size=4",
-            "trainer.eval_every=0", *TASK, *WARMUP]
+            "trainer.eval_every=0", *TASK, *WARMUP, *VLLM_KV]
 
 
 def run_train(overrides: list[str], run_dir: Path, cache_dir: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -71,7 +75,7 @@ def start_model_dir(cache_dir: Path) -> Path:
     return dirs[0]
 
 
-__all__ = ["REPO", "TINY_RUN", "run_train", "train_in_process", "read_metrics", "assert_finite_metrics", "max_param_change",
+__all__ = ["REPO", "TINY_RUN", "VLLM_KV", "VLLM_KV_CACHE_BYTES", "run_train", "train_in_process", "read_metrics", "assert_finite_metrics", "max_param_change",
            "start_model_dir", "TASK", "WARMUP", "torch"]
 
 

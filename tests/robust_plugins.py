@@ -1,5 +1,6 @@
 """Plug-ins as a user would write them outside the project: imported by path from config
-("robust_plugins:length_penalty"), never registered. Used by tests/test_robust_rewards_tasks.py."""
+("robust_plugins:length_penalty"), never registered. Used by tests/test_robust_rewards_tasks.py and
+tests/test_reward_isolation.py."""
 
 from __future__ import annotations
 
@@ -64,3 +65,39 @@ def small_llama(out_dir, *, alphabet: str, seed: int = 0):
 
     return MODEL_BUILDERS.call("tiny_llama", out_dir, alphabet=alphabet, seed=seed, hidden_size=32, num_layers=1,
                                num_heads=2, intermediate_size=64, max_position_embeddings=64)
+
+
+def regex_hangs(completions: list[str], **_) -> list[float]:
+    """A catastrophic regex: exponential backtracking inside re's C engine (no bytecode runs, so no
+    in-process timeout can stop it)."""
+    import re
+
+    return [1.0 if re.match(r"(a+)+$", "a" * 40 + "b") else 0.0 for _ in completions]
+
+
+def sleeps_forever(completions: list[str], **_) -> list[float]:
+    """Sleeps in one C call for a day (a blocked network read, a deadlock), whatever the completion.
+
+    With $REWARD_CALLS_FILE set, every call first appends a line to that file and the first
+    $REWARD_HANG_AFTER calls (default 0) return 1.0 instead: a test can let step 1 pass (so the
+    max_staleness=1 sampler hangs in its background thread) and see when the hang began.
+    """
+    import os
+
+    log = os.environ.get("REWARD_CALLS_FILE")
+    if log:
+        with open(log, "a+") as f:
+            f.seek(0)
+            before = len(f.readlines())
+            f.write("call\n")
+        if before < int(os.environ.get("REWARD_HANG_AFTER", "0")):
+            return [1.0] * len(completions)
+    time.sleep(86_400)
+    return [1.0] * len(completions)
+
+
+def worker_pid(completions: list[str], **_) -> list[float]:
+    """The pid of the process that runs the reward (to see where it ran)."""
+    import os
+
+    return [float(os.getpid())] * len(completions)

@@ -164,7 +164,7 @@ VLLM_SCRIPT = textwrap.dedent(
     if __name__ == "__main__":
         p = MODEL_BUILDERS.get("tiny_llama")(sys.argv[1], alphabet="0123456789+-= ab")
         import vllm
-        llm = vllm.LLM(model=str(p), dtype="float32", enforce_eager=True,
+        llm = vllm.LLM(model=str(p), dtype="float32", enforce_eager=True, kv_cache_memory_bytes=256 * 2**20,
                        gpu_memory_utilization=0.1, max_model_len=64, seed=0)
         sp = vllm.SamplingParams(n=4, temperature=1.0, max_tokens=24, seed=0)
         outs = llm.generate(["<bos>15 - 43 =", {"prompt_token_ids": [1, 5, 6]}], sp)

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.rollout.data_parallel import DataParallelEngine, placement_env, shard_bounds
 from grpo_lab.rollout.hf_engine import HFEngine
-from helpers import ragged_prompts
+from helpers import VLLM_KV_CACHE_BYTES, ragged_prompts
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,8 @@ def before_and_after_a_push(model_dir, sizes: list, generate_args: dict) -> list
     results = []
     for key, size in sizes:
         rollout = OmegaConf.create({"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
-                                    "enforce_eager": True, "dtype": "float32", key: size})
+                                    "enforce_eager": True, "dtype": "float32", key: size,
+                                    "kv_cache_bytes": VLLM_KV_CACHE_BYTES})
         engine = make_engine(model_dir, rollout, seed=0)
         try:
             assert isinstance(engine, DataParallelEngine) == (key == "data_parallel_size" and size > 1)

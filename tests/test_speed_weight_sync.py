@@ -13,6 +13,7 @@ import torch
 
 from grpo_lab.rollout.weight_sync import ALIGN, ChangeTracker, choose_transport, layer_key, pack_bucket, plan_buckets
 from grpo_lab.rollout.weight_sync_worker import unpack_bucket
+from helpers import VLLM_KV_CACHE_BYTES
 
 # --------------------------------------------------------------------------------- selection
 
@@ -174,7 +175,8 @@ def test_changed_only_many_bucket_push_matches_the_learner(tmp_path):
     weights = lambda: [(n, p.detach()) for n, p in policy.named_parameters()  # noqa: E731
                        if not (tied and n == "lm_head.weight")]
     engine = VLLMEngine(model_dir, gpu_memory_utilization=0.1, max_model_len=128, enforce_eager=True,
-                        dtype="float32", seed=0, sync_transport="cpu", sync_bucket_mb=0.05)
+                        dtype="float32", seed=0, sync_transport="cpu", sync_bucket_mb=0.05,
+                        kv_cache_bytes=VLLM_KV_CACHE_BYTES)
     prompts = [encode_prompt(tok, p) for p in ("12+34=", "55-17=", "90-9=")]
 
     def gap() -> float:

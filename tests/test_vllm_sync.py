@@ -12,10 +12,12 @@ from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, to
 from grpo_lab.learner.learner import Learner
 from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.models import MODEL_BUILDERS
+from helpers import VLLM_KV_CACHE_BYTES
 
 pytestmark = pytest.mark.vllm
 
-ROLLOUT = NS(engine="vllm", gpu_memory_utilization=0.1, max_model_len=128, enforce_eager=True, dtype="float32")
+ROLLOUT = NS(engine="vllm", gpu_memory_utilization=0.1, max_model_len=128, enforce_eager=True, dtype="float32",
+             kv_cache_bytes=VLLM_KV_CACHE_BYTES)
 ALGO = NS(name="grpo", objective="policy_gradient", policy_loss="clipped_surrogate", clip_low=0.2, clip_high=0.2,
           dual_clip=None, aggregation="token_mean", epochs=1, minibatches=1, entropy_coef=0.0, tis_cap=None,
           kl=NS(coef=0.0, estimator="k3", placement="loss"), critic=NS(enabled=False))

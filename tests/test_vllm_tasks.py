@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_train
+from helpers import VLLM_KV, run_train
 
 # A random tiny model answers nothing correctly; the digit-count plug-in gives every group a signal.
 RUN = ["rollout=vllm", "logger=none", "warmup.max_steps=0", "trainer.total_steps=2", "trainer.prompts_per_step=8",
        "rollout.group_size=8", "trainer.eval_every=0", "task.train_size=300", "task.dev_size=10", "task.test_size=10",
-       "~reward.weights.correctness_binary", "+reward.weights={robust_plugins.length_penalty: 1.0}"]
+       "~reward.weights.correctness_binary", "+reward.weights={robust_plugins.length_penalty: 1.0}", *VLLM_KV]
 
 
 @pytest.mark.slow

@@ -22,7 +22,12 @@ can write it beside each sample (``samples.jsonl``). A ``RewardValues`` is a lis
 only want the values need nothing new.
 
 Facts on ``REWARDS`` entries: ``check(reward_cfg, errors)`` validates the reward's own settings before
-anything loads (None = none), like the ``check`` fact of task sources.
+anything loads (None = none), like the ``check`` fact of task sources; ``may_hang`` (default True:
+plug-ins and unknown code) says whether ``reward.isolation=auto`` runs the reward in a worker process
+that a timeout can kill (:mod:`grpo_lab.rewards.isolation`). The cheap built-ins that run every step
+say False (``correctness``, ``correctness_binary``, ``format``); ``correctness`` calls reasoning-gym's
+scorers, a few of which parse the answer with sympy (countdown, puzzle24), and ``is_correct`` runs the
+same scorers here for the metrics anyway, so a worker would not make those tasks hang-proof.
 
 The final answer is read from a completion with the item's answer format
 (:mod:`grpo_lab.rewards.answers`): the whole stripped completion for ``plain`` (compact tasks),
@@ -53,12 +58,17 @@ from typing import Any
 from grpo_lab.registry import Registry
 
 from .answers import answer_marked, extract_answer
+from .isolation import RewardTimeout, call_in_worker, function_ref
 
 log = logging.getLogger(__name__)
 
 # Facts: `check(reward_cfg, errors)` validates the reward's settings before anything loads (None = none);
-# `binary`: every value is 1.0 or 0.0 (what reward.noise.kind=flip needs).
-REWARDS = Registry("reward", defaults={"check": None, "binary": False})
+# `binary`: every value is 1.0 or 0.0 (what reward.noise.kind=flip needs);
+# `may_hang`: reward.isolation=auto runs the reward in a killable worker process (module docstring).
+REWARDS = Registry("reward", defaults={"check": None, "binary": False, "may_hang": True})
+
+# Where reward calls run (reward.isolation): auto = a worker for entries that may hang, here otherwise.
+ISOLATION = ("auto", "process", "thread")
 
 # Keys compute_rewards passes itself; TaskItem.fields must not use them.
 RESERVED_FIELDS = ("completions", "prompt", "answer", "solution")
@@ -105,7 +115,7 @@ def _score_rg(name: str, config: dict | None, extracted: str | None, entry: dict
     return score if math.isfinite(score) else 0.0
 
 
-@REWARDS.register("correctness")
+@REWARDS.register("correctness", may_hang=False)
 def correctness(
     completions: list[str],
     *,
@@ -132,13 +142,15 @@ def correctness(
     return out
 
 
-@REWARDS.register("correctness_binary", binary=True)
+@REWARDS.register("correctness_binary", binary=True, may_hang=False)
 def correctness_binary(completions: list[str], **fields: Any) -> list[float]:
     """1.0 where ``correctness`` is exactly 1.0, else 0.0 (no partial credit)."""
     return [1.0 if r == 1.0 else 0.0 for r in correctness(completions, **fields)]
 
 
-@REWARDS.register("math_verify")
+# May hang: sympy evaluates what it parses (a huge power runs in C), and math-verify's own timeouts
+# use SIGALRM, which only works in a main thread, as the worker's is.
+@REWARDS.register("math_verify", may_hang=True)
 def math_verify_reward(
     completions: list[str], *, answer: list[str], answer_format: list[str] | None = None, **_: Any
 ) -> list[float]:
@@ -171,7 +183,7 @@ def math_verify_reward(
     return out
 
 
-@REWARDS.register("format")
+@REWARDS.register("format", may_hang=False)
 def format_reward(completions: list[str], *, answer_format: list[str] | None = None, **_: Any) -> list[float]:
     """1.0 if the completion states its answer in the item's answer format's explicit form, else 0.0.
 
@@ -200,14 +212,6 @@ def reward_fields(items: Sequence[Any]) -> dict[str, list]:
     for k in keys:
         fields[k] = [it.fields.get(k) for it in items]
     return fields
-
-
-class RewardTimeout(BaseException):
-    """Raised inside a reward function that ran past ``reward.timeout_s``.
-
-    A BaseException (like KeyboardInterrupt), so a reward function's ``except Exception`` cannot
-    swallow it.
-    """
 
 
 class RewardError(RuntimeError):
@@ -254,9 +258,9 @@ def _deadline(timeout_s: float | None):
     raises; this also interrupts blocking calls such as ``time.sleep`` (PEP 475 retries them only
     when the handler returns). Any other thread: the timer injects the exception with
     ``PyThreadState_SetAsyncExc``, which takes effect at the next Python bytecode, so a reward stuck
-    inside one long C call is only stopped when that call returns. A process pool could kill any
-    hang, but would pickle every completion and task field each step for a case that the signal
-    path already covers where this lab runs rewards (the main thread).
+    inside one long C call is only stopped when that call returns. Neither stops every hang: that
+    takes a worker process (``reward.isolation``, :mod:`grpo_lab.rewards.isolation`); this path
+    serves the rewards run here (the built-in pure ones under ``reward.isolation=auto``).
     """
     if timeout_s is None:
         yield
@@ -297,6 +301,47 @@ def _short(x: Any, n: int = 80) -> str:
     return r if len(r) <= n else r[: n - 3] + "..."
 
 
+class _RewardCalls:
+    """The calls of one :func:`compute_rewards`: ``self(name, completions, fields)`` calls reward
+    ``name`` within ``timeout_s``, in this process or in the worker (``isolation``), with the settings
+    its signature names; timeouts in a row are counted per reward (any other outcome ends a streak)."""
+
+    def __init__(self, fns: dict[str, Any], settings: dict[str, Any], *, timeout_s: float | None, isolation: str,
+                 max_consecutive_timeouts: int | None):
+        if isolation not in ISOLATION:
+            raise ValueError(f"reward.isolation={isolation!r}; valid choices: {', '.join(ISOLATION)}")
+        self.fns, self.settings, self.timeout_s, self.limit = fns, settings, timeout_s, max_consecutive_timeouts
+        # A function that runs in the worker travels there by reference (module and name).
+        self.refs = {name: function_ref(fn, name) for name, fn in fns.items()
+                     if isolation == "process" or (isolation == "auto" and REWARDS.fact(name, "may_hang"))}
+        self.streak: dict[str, int] = {}
+
+    def __call__(self, name: str, comps: list[str], flds: dict[str, list]) -> Any:
+        fn = self.fns[name]
+        params = inspect.signature(fn).parameters
+        takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        kwargs = {**flds, **{k: v for k, v in self.settings.items() if takes_all or k in params}}
+        self.streak[name], timeouts = 0, self.streak.get(name, 0)
+        try:
+            if name in self.refs:
+                return call_in_worker(self.refs[name], comps, kwargs, self.timeout_s)
+            with _deadline(self.timeout_s):
+                return fn(comps, **kwargs)
+        except RewardTimeout:
+            self.streak[name] = timeouts + 1
+            raise
+
+    def check_streak(self, name: str) -> None:
+        """RewardError when reward ``name`` timed out ``max_consecutive_timeouts`` times in a row."""
+        k = self.streak.get(name, 0)
+        if self.limit is not None and k >= self.limit:
+            raise RewardError(
+                f"reward {name!r} timed out {k} times in a row (its batch call, then single samples) at "
+                f"reward.timeout_s={self.timeout_s:g}: it hangs rather than runs slowly, so the run stops here "
+                f"(reward.max_consecutive_timeouts={self.limit}). Fix the reward function, or raise "
+                "reward.timeout_s if it is merely slow")
+
+
 def compute_rewards(
     completions: list[str],
     items: Sequence[Any],
@@ -306,6 +351,8 @@ def compute_rewards(
     on_error: float = 0.0,
     max_error_frac: float = 0.0,
     settings: dict[str, Any] | None = None,
+    isolation: str = "thread",
+    max_consecutive_timeouts: int | None = None,
 ) -> RewardResult:
     """Weighted sum of reward functions, with failures contained.
 
@@ -321,8 +368,16 @@ def compute_rewards(
     NaN/inf or not a number) gets ``on_error`` as that function's value. When more than
     ``max_error_frac`` of the samples failed, :class:`RewardError` is raised (as soon as that is
     certain, so a function hanging on every sample costs about ``max_error_frac * n + 1`` timeouts,
-    not ``n``). A function returning the wrong number of values is a bug and raises at once.
-    ``settings`` reach the functions whose signature names them (module docstring).
+    not ``n``), and so is it when one function's calls time out ``max_consecutive_timeouts`` times
+    in a row (the batch call, then single samples): a reward that hangs on everything fails the run
+    after that many timeouts, not after one per tolerated sample. A function returning the wrong
+    number of values is a bug and raises at once. ``settings`` reach the functions whose signature
+    names them (module docstring).
+
+    ``isolation`` (``ISOLATION``): where each call runs. ``thread``: here, stopped by ``_deadline``
+    (not inside a C call, nor a sleep outside the main thread). ``process``: in a worker process
+    killed at the timeout (:mod:`grpo_lab.rewards.isolation`). ``auto``: the worker for entries
+    whose ``may_hang`` fact is true, here for the others.
     """
     n = len(completions)
     if len(items) != n:
@@ -340,13 +395,10 @@ def compute_rewards(
     clash = sorted(set(settings) & set(fields))
     if clash:
         raise ValueError(f"reward settings {clash} have the names of per-sample fields; rename them")
+    call = _RewardCalls(fns, settings, timeout_s=timeout_s, isolation=isolation,
+                        max_consecutive_timeouts=max_consecutive_timeouts)
     completions = list(completions)
     info: dict[str, list] = {}
-
-    def call(fn: Any, comps: list[str], flds: dict[str, list]) -> Any:
-        params = inspect.signature(fn).parameters
-        takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
-        return fn(comps, **flds, **{k: v for k, v in settings.items() if takes_all or k in params})
 
     def extras(name: str, raw: Any, m: int) -> dict[str, list]:
         got = getattr(raw, "info", None) or {}
@@ -395,12 +447,11 @@ def compute_rewards(
     total = [0.0] * n
     per: dict[str, list[float]] = {}
     for name, w in specs:
-        fn = fns[name]
         try:
-            with _deadline(timeout_s):
-                raw = call(fn, completions, fields)
+            raw = call(name, completions, fields)
             batch_failure = None
         except RewardTimeout:
+            call.check_streak(name)
             batch_failure = f"timed out on the batch (reward.timeout_s={timeout_s:g})"
         except Exception as e:  # contained: found per sample below
             batch_failure = f"{type(e).__name__}: {e}"
@@ -414,9 +465,8 @@ def compute_rewards(
             for i in range(n):
                 one = {k: [v[i]] for k, v in fields.items()}
                 try:
-                    with _deadline(timeout_s):
-                        raw_one = call(fn, [completions[i]], one)
-                        out = check_len(name, raw_one, 1)
+                    raw_one = call(name, [completions[i]], one)
+                    out = check_len(name, raw_one, 1)
                     vals.append(one_value(name, i, out[0]))
                     for key, col in extras(name, raw_one, 1).items():
                         info.setdefault(f"{name}/{key}", [None] * n)[i] = col[0]
@@ -433,6 +483,7 @@ def compute_rewards(
                     vals.append(on_error)
                 if len(failed) > budget:
                     give_up()
+                call.check_streak(name)
         if len(failed) > budget:
             give_up()
         per[name] = vals
@@ -446,7 +497,10 @@ def contained_settings(reward_cfg: Any) -> dict[str, Any]:
     """The keyword arguments of :func:`compute_rewards` from a ``reward`` config section (``settings``:
     the sections reward functions read, e.g. ``judge`` for ``llm_judge``, as plain dicts)."""
     out = {"timeout_s": reward_cfg.timeout_s, "on_error": float(reward_cfg.on_error),
-           "max_error_frac": float(reward_cfg.max_error_frac)}
+           "max_error_frac": float(reward_cfg.max_error_frac),
+           # Sections without these keys (written before they existed) keep the old behaviour.
+           "isolation": getattr(reward_cfg, "isolation", "thread"),
+           "max_consecutive_timeouts": getattr(reward_cfg, "max_consecutive_timeouts", None)}
     judge = getattr(reward_cfg, "judge", None) if not isinstance(reward_cfg, dict) else reward_cfg.get("judge")
     if judge is not None:
         if hasattr(judge, "_metadata"):  # a DictConfig: resolve ${cache_dir} and the like

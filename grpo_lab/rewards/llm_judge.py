@@ -201,7 +201,10 @@ def check_llm_judge(rw: Any, errors: list[str]) -> None:
                       "reward.timeout_s=900 (conf/reward/llm_judge.yaml) or null")
 
 
-@REWARDS.register("llm_judge", check=check_llm_judge)
+# Not run in the reward worker: the judge's engine calls carry their own limit
+# (reward.judge.generate_timeout_s, the vLLM engine in its own processes), and a replaced worker
+# would load the judge model again.
+@REWARDS.register("llm_judge", check=check_llm_judge, may_hang=False)
 def llm_judge(completions: list[str], *, prompt: list[str], answer: list[str], judge: Mapping[str, Any],
               **_: Any) -> RewardValues:
     """Judge score in [0, 1] per completion (NaN where unparseable), with the judge's text as

@@ -27,6 +27,7 @@ def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEng
         return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
                           max_model_len=rollout_cfg.max_model_len, enforce_eager=rollout_cfg.enforce_eager,
                           dtype=rollout_cfg.dtype, seed=seed, tensor_parallel_size=tp,
+                          kv_cache_bytes=getattr(rollout_cfg, "kv_cache_bytes", None),
                           generate_timeout_s=getattr(rollout_cfg, "generate_timeout_s", None),
                           sync_timeout_s=getattr(rollout_cfg, "sync_timeout_s", None),
                           sync_transport=getattr(rollout_cfg, "sync_transport", "auto"),

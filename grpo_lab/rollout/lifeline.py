@@ -27,28 +27,18 @@ The resource tracker needs nothing: it exits when every process holding its pipe
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import os
 import signal
-import sys
 import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+from grpo_lab.parent_death import set_parent_death_signal  # also lifeline.set_parent_death_signal for engine_process
 
 # Modules (vllm 0.32) that start engine processes through a module-level `get_mp_context` name.
 VLLM_PROCESS_STARTERS = ("vllm.v1.engine.utils", "vllm.v1.executor.multiproc_executor")
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send ``sig`` to this process when its parent (thread) exits. Linux only."""
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
 
 
 class _ErrorFileHandler(logging.Handler):

@@ -69,12 +69,15 @@ _POLL_S = 0.25
 
 class VLLMEngine:
     def __init__(self, model_dir: str | Path, *, gpu_memory_utilization: float, max_model_len: int,
-                 enforce_eager: bool, dtype: str, seed: int, generate_timeout_s: float | None = None,
+                 enforce_eager: bool, dtype: str, seed: int, kv_cache_bytes: int | None = None,
+                 generate_timeout_s: float | None = None,
                  sync_timeout_s: float | None = None, start_timeout_s: float | None = None,
                  sync_transport: str = "auto", sync_bucket_mb: float = 256, sync_changed_only: bool = True,
                  learner_device: str = "cpu", tensor_parallel_size: int = 1, placement: tuple[int, int] = (0, 1)):
         """placement = (replica, replicas): this engine's share of the machine's devices or cores when
-        several engines run side by side (rollout.data_parallel_size; data_parallel.placement_env)."""
+        several engines run side by side (rollout.data_parallel_size; data_parallel.placement_env).
+        kv_cache_bytes: the KV cache's size (vLLM's kv_cache_memory_bytes, which then ignores
+        gpu_memory_utilization); None = gpu_memory_utilization of the device (CPU: of RAM) decides."""
         # apply_model ships a pickled function (and the weights) to the engine process.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         # Layerwise reload warns on every push about modules without weights (rotary, tied lm_head).
@@ -113,6 +116,7 @@ class VLLMEngine:
                 # the learner computes as π_old; the default "raw_logprobs" ignores temperature.
                 logprobs_mode="processed_logprobs",
                 **chunked_prefill_settings(max_model_len, is_cpu=current_platform.is_cpu()),
+                **({} if kv_cache_bytes is None else {"kv_cache_memory_bytes": int(kv_cache_bytes)}),
             )
         # The engine's processes: everything started under us while the LLM was built, except the
         # multiprocessing resource tracker (shared by the whole trainer; it exits on its own).
