@@ -257,7 +257,8 @@ class RolloutConfig:
     max_model_len: int = 256
     # vLLM: eager mode (no graph capture); required for fast start-up on CPU.
     enforce_eager: bool = True
-    # Numeric type of the engine's weights; fp32 keeps engine and learner logprobs within 1e-3.
+    # Numeric type of the engine's weights (ROLLOUT_DTYPES: float32, bfloat16, float16); fp32 keeps
+    # engine and learner logprobs within 1e-3.
     dtype: str = "float32"
     # vLLM: seconds one generate call (rollout or evaluation) may take before the run fails; null = no limit.
     generate_timeout_s: Optional[float] = 600.0
@@ -293,6 +294,9 @@ class LoRAConfig:
     target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                "gate_proj", "up_proj", "down_proj"])
 
+
+# rollout.dtype's choices: torch dtype names every engine accepts (vLLM's `dtype`, torch.<name> for hf).
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 
 # learner.dtype's choices: fp32, or bf16 autocast over fp32 master weights.
 LEARNER_DTYPES = ("fp32", "bf16")

@@ -21,7 +21,7 @@ list, e.g. ``llm_judge``'s written feedback. ``compute_rewards`` collects it int
 can write it beside each sample (``samples.jsonl``). A ``RewardValues`` is a list, so callers that
 only want the values need nothing new.
 
-Facts on ``REWARDS`` entries: ``check(reward_cfg, errors)`` validates the reward's own settings before
+Facts on ``REWARDS`` entries: ``check(reward_cfg, errors, machine)`` validates the reward's own settings before
 anything loads (None = none), like the ``check`` fact of task sources.
 
 The final answer is read from a completion with the item's answer format
@@ -56,7 +56,7 @@ from .answers import answer_marked, extract_answer
 
 log = logging.getLogger(__name__)
 
-# Fact: `check(reward_cfg, errors)` validates the reward's settings before anything loads (None = none).
+# Fact: `check(reward_cfg, errors, machine)` validates the reward's settings before anything loads (None = none).
 REWARDS = Registry("reward", defaults={"check": None})
 
 # Keys compute_rewards passes itself; TaskItem.fields must not use them.
