@@ -320,14 +320,16 @@ def _check_logger_and_warmup(cfg: DictConfig, errors: list[str], machine: bool) 
 def derive_run_name(cfg: DictConfig) -> str:
     """Run name from the settings researchers compare: task, model, algorithm, group size, the
     objective's knobs (clip and KL for the policy gradient, β for preference losses), seed; e.g.
-    ``chain_sum_tiny_llama_grpo_G8_clip0.2_kl0_s0``. The task is its generator or dataset name (plus
-    a prompt format that rewrites it, e.g. ``chain_sum-partial_sums``), the model its builder or, for
-    a local directory, the directory's name."""
+    ``chain_sum_tiny_llama_grpo_G8_clip0.2_kl0_s0``. The task is ``grpo_lab.tasks.task_label``: its
+    generator, a local dataset's file stem or a plug-in's name (plus a prompt format that rewrites it,
+    e.g. ``chain_sum-partial_sums``), the model its builder or, for a local directory, the directory's name."""
     from grpo_lab.objectives import OBJECTIVES
+    from grpo_lab.tasks import task_label
 
     a, t, m = cfg.algorithm, cfg.task, cfg.model
     knobs = OBJECTIVES.get(a.objective).run_name_knobs(a) if a.objective in OBJECTIVES else a.objective
-    task = t.name if t.get("prompt_format") in (None, "question", "compact") else f"{t.name}-{t.prompt_format}"
+    label = task_label(t)
+    task = label if t.get("prompt_format") in (None, "question", "compact") else f"{label}-{t.prompt_format}"
     model = Path(str(m.path)).name if m.get("path") else m.builder
     return f"{task}_{model}_{a.name}_G{cfg.rollout.group_size}_{knobs}_s{cfg.seed}"
 

@@ -166,7 +166,9 @@ class TaskConfig:
     # local_dataset: field holding the SFT target (null = the answer).
     solution_field: Optional[str] = None
     # local_dataset: {split: file} when the data comes pre-split (e.g. {train: a.jsonl, test: b.jsonl}).
-    splits: Optional[Dict[str, str]] = None
+    # Untyped for the reason rollout.group_size_schedule is: a command-line dict cannot merge into a
+    # null typed Dict node; check_local_dataset checks it instead.
+    splits: Optional[Any] = None
     # How answers are written and extracted: plain (whole completion), hash ("#### 42"), tags
     # (<answer>42</answer>); null = the source's default.
     answer_format: Optional[str] = None

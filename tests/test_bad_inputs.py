@@ -98,6 +98,7 @@ CATALOGUE = [
     (['rollout=hf', 'rollout.dtype=fp7'], 'rollout.dtype'),
     (['rollout=vllm', 'rollout.dtype=fp7'], 'rollout.dtype'),
     (['rollout.gpu_memory_utilization=1.0'], 'rollout.gpu_memory_utilization'),
+    (['task.source=local_dataset', 'task.path=/data/a.jsonl', 'task.splits=train'], 'task.splits'),
 ]
 
 
