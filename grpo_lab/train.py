@@ -80,7 +80,7 @@ def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, re
     greedy completions go to samples.jsonl."""
     rows: list[dict] = []
     k = cfg.trainer.get("eval_sampled_k", 0)
-    with heartbeat(f"evaluation at step {step}: {len(items)} {cfg.trainer.eval_split} items, greedy"
+    with heartbeat(f"evaluation at step {step}: {len(items)} held-out items, greedy"
                    f"{f' + {k} samples each' if k else ''}, up to {cfg.rollout.max_new_tokens} new tokens"):
         metrics = evaluate_held_out(engine, tokenizer, items, cfg, step=step, samples=rows,
                                     max_samples=cfg.trainer.samples_per_log)
