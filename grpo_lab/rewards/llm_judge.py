@@ -1,6 +1,6 @@
 """Reward ``llm_judge``: a frozen judge model reads each completion and writes a score and feedback.
 
-The "LLM critic" of issue 7, as in LLM-as-a-judge (Zheng et al., "Judging LLM-as-a-Judge with
+An LLM critic, as in LLM-as-a-judge (Zheng et al., "Judging LLM-as-a-Judge with
 MT-Bench and Chatbot Arena", arXiv 2306.05685: the judge is prompted with the question, the
 reference and the answer, and its rating is parsed from its text). Here:
 
@@ -40,6 +40,8 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
+
+from grpo_lab.progress import heartbeat
 
 from .core import REWARDS, RewardValues
 
@@ -141,9 +143,10 @@ def _start(judge: Mapping[str, Any]) -> tuple[Any, Any]:
         max_model_len=int(judge.get("max_model_len", 2048)), enforce_eager=True,
         dtype=str(judge.get("dtype", "float32")), generate_timeout_s=judge.get("generate_timeout_s"),
         sync_timeout_s=None)
-    log.info("starting the judge model %s (%s engine)", model_dir, judge.get("engine", "vllm"))
-    engine = ROLLOUT_ENGINES.get(str(judge.get("engine", "vllm")))(model_dir, engine_cfg, seed=0,
-                                                                   device="cpu")
+    with heartbeat(f"judge: starting {model_dir} ({judge.get('engine', 'vllm')} engine; vLLM on a CPU: about a "
+                   "minute)"):
+        engine = ROLLOUT_ENGINES.get(str(judge.get("engine", "vllm")))(model_dir, engine_cfg, seed=0,
+                                                                       device="cpu")
     return engine, tokenizer
 
 
