@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_lab.cpu_placement import CPU_PLACEMENTS
 from grpo_lab.registry import check_registered
-from grpo_lab.schema import LEARNER_DTYPES, Config, ConfigError
+from grpo_lab.schema import LEARNER_DTYPES, ROLLOUT_DTYPES, Config, ConfigError
 
 
 def register_configs() -> None:
@@ -75,12 +75,13 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     # A NaN or inf anywhere (a learning rate, a reward weight, a clip range) silently ruins a run.
     for bad in _non_finite_floats(OmegaConf.to_container(cfg, resolve=True)):
         errors.append(f"{bad} is not a finite number; set it to a finite value")
+    cfg = _check_group_size_schedule(cfg, errors)
     for check in (_check_algorithm, _check_model, _check_rollout, _check_learner, _check_learner_scale,
                   _check_trainer, _check_logger_and_warmup):
         check(cfg, errors, machine)
     # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
     # task splits and the task source's own settings
-    validate_rollout_reward_task(cfg, errors)
+    validate_rollout_reward_task(cfg, errors, machine)
     # Weights, gradients, optimizer, reference, critic, activations, logits and the engine's share
     # against the device's memory, from the model's config only; `machine=False` plans against the
     # recipe's declared memory.
@@ -89,19 +90,32 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
+def _check_group_size_schedule(cfg: DictConfig, errors: list[str]) -> DictConfig:
+    """rollout.group_size_schedule must be a mapping {start step: G}. A malformed one (``1:4`` without
+    braces reaches here as the string '1:4') is reported once, and the remaining checks, which read the
+    schedule's sizes, see a copy without it instead of failing on it."""
+    schedule = cfg.rollout.group_size_schedule
+    if schedule is None:
+        return cfg
+    ok = OmegaConf.is_dict(schedule) and all(isinstance(k, int) and isinstance(v, int) and k >= 1 and v >= 1
+                                             for k, v in schedule.items())
+    if ok:
+        return cfg
+    errors.append(f"rollout.group_size_schedule={schedule!r} must map start steps >= 1 to group sizes >= 1, "
+                  "written with braces, e.g. rollout.group_size_schedule={1:4,50:8} (G=4 from step 1, 8 from "
+                  "step 50; quote it in a shell: 'rollout.group_size_schedule={1:4,50:8}'), or null for a fixed "
+                  "rollout.group_size")
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg.rollout.group_size_schedule = None
+    return cfg
+
+
 def _check_algorithm(cfg: DictConfig, errors: list[str], machine: bool) -> None:
-    """Group size (schedule included), the objective's own settings and the algorithm's ranges."""
+    """Group size, the objective's own settings and the algorithm's ranges."""
     from grpo_lab.objectives import OBJECTIVES
 
     a, r = cfg.algorithm, cfg.rollout
     _check(r.group_size >= 1, f"rollout.group_size={r.group_size} must be >= 1", errors)
-    if r.group_size_schedule is not None:
-        schedule = r.group_size_schedule
-        ok = OmegaConf.is_dict(schedule) and all(isinstance(k, int) and isinstance(v, int)
-                                                 for k, v in schedule.items())
-        _check(ok and all(k >= 1 and v >= 1 for k, v in schedule.items()),
-               f"rollout.group_size_schedule={schedule} must map start steps >= 1 to group sizes >= 1, e.g. "
-               "rollout.group_size_schedule={1:4,50:8} (or null for a fixed rollout.group_size)", errors)
     if check_registered(OBJECTIVES, a.objective, "algorithm.objective", errors):
         OBJECTIVES.get(a.objective).check(cfg, errors)   # the objective's own settings (and G it needs)
     _check(a.kl.coef >= 0.0, f"algorithm.kl.coef={a.kl.coef} must be >= 0 (0 = no reference model)", errors)
@@ -164,6 +178,8 @@ def _check_rollout(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     # sweep over engines does not carry it unnoticed.
     _check(r.get("sampler", "generate") in SAMPLERS, f"rollout.sampler={r.get('sampler')!r}; valid choices: "
            f"{', '.join(SAMPLERS)} (used by rollout=hf)", errors)
+    _check(r.dtype in ROLLOUT_DTYPES, f"rollout.dtype={r.dtype!r}; valid choices: {', '.join(ROLLOUT_DTYPES)} "
+           "(the engine's weights; float32 keeps engine and learner logprobs close)", errors)
     _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
     _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
     _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)
@@ -304,14 +320,16 @@ def _check_logger_and_warmup(cfg: DictConfig, errors: list[str], machine: bool) 
 def derive_run_name(cfg: DictConfig) -> str:
     """Run name from the settings researchers compare: task, model, algorithm, group size, the
     objective's knobs (clip and KL for the policy gradient, β for preference losses), seed; e.g.
-    ``chain_sum_tiny_llama_grpo_G8_clip0.2_kl0_s0``. The task is its generator or dataset name (plus
-    a prompt format that rewrites it, e.g. ``chain_sum-partial_sums``), the model its builder or, for
-    a local directory, the directory's name."""
+    ``chain_sum_tiny_llama_grpo_G8_clip0.2_kl0_s0``. The task is ``grpo_lab.tasks.task_label``: its
+    generator, a local dataset's file stem or a plug-in's name (plus a prompt format that rewrites it,
+    e.g. ``chain_sum-partial_sums``), the model its builder or, for a local directory, the directory's name."""
     from grpo_lab.objectives import OBJECTIVES
+    from grpo_lab.tasks import task_label
 
     a, t, m = cfg.algorithm, cfg.task, cfg.model
     knobs = OBJECTIVES.get(a.objective).run_name_knobs(a) if a.objective in OBJECTIVES else a.objective
-    task = t.name if t.get("prompt_format") in (None, "question", "compact") else f"{t.name}-{t.prompt_format}"
+    label = task_label(t)
+    task = label if t.get("prompt_format") in (None, "question", "compact") else f"{label}-{t.prompt_format}"
     model = Path(str(m.path)).name if m.get("path") else m.builder
     return f"{task}_{model}_{a.name}_G{cfg.rollout.group_size}_{knobs}_s{cfg.seed}"
 

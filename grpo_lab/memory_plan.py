@@ -289,10 +289,8 @@ def _suggestions(cfg: DictConfig, plan: MemoryPlan, machine: bool) -> list[str]:
         total = plan_memory(_with(cfg, **{key.replace(".", "__"): value}), machine=machine, device_memory=mem).total
         out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value} -> {total / GB:.1f} GB")
     engine = plan.item("rollout engine (vllm)")
-    if engine and plan.device == "cuda":
-        util = cfg.rollout.gpu_memory_utilization - (plan.total - mem) / mem
-        out.append(f"rollout.gpu_memory_utilization={util:.2f} would just fit (if the KV cache still holds a batch)"
-                   if util >= 0.05 else "lowering rollout.gpu_memory_utilization alone cannot fit it")
+    if engine:
+        out.append(_engine_share_suggestion(cfg, plan))
     sharded = _fewest_devices(cfg, plan, machine)
     out.append(f"learner.num_devices={sharded} (FSDP full sharding, declared in the recipe's header)" if sharded
                else "no learner.num_devices <= 128 fits without other changes")
@@ -308,6 +306,20 @@ def _suggestions(cfg: DictConfig, plan: MemoryPlan, machine: bool) -> list[str]:
         out.append(f"together {what} -> {p.total / GB:.1f} GB" + ("" if p.fits else (
             f", fits with learner.num_devices={n}" if n else ", still too large on any number of devices")))
     return out
+
+
+def _engine_share_suggestion(cfg: DictConfig, plan: MemoryPlan) -> str:
+    """The rollout.gpu_memory_utilization that would just fit, and what the value means on this device:
+    the engine reserves that share of the GPU's memory, or on the CPU build that share of RAM for every
+    replica's KV cache, which the learner then cannot use."""
+    r, mem = cfg.rollout, plan.device_memory
+    replicas = 1 if plan.device == "cuda" else int(r.get("data_parallel_size", 1))
+    util = r.gpu_memory_utilization - (plan.total - mem) / (mem * replicas)
+    share = "of the GPU's memory" if plan.device == "cuda" else "of RAM the vLLM CPU build reserves for its KV cache"
+    meaning = f"rollout.gpu_memory_utilization must lie in (0, 1], the share {share}"
+    if util >= 0.05:
+        return f"rollout.gpu_memory_utilization={util:.2f} would just fit (if the KV cache still holds a batch; {meaning})"
+    return f"lowering rollout.gpu_memory_utilization alone cannot fit it ({meaning}; 0.05-0.1 suits small models)"
 
 
 def _fewest_devices(cfg: DictConfig, plan: MemoryPlan, machine: bool) -> Optional[int]:

@@ -25,6 +25,7 @@ from grpo_lab.warmup import cache_key, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.prompts import prepare_for_model
+from grpo_lab.progress import heartbeat
 from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.tasks import build_task
 
@@ -88,7 +89,9 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     # A converted pretrained model is cached once per model; a from-scratch one per alphabet and seed.
     per_task = MODEL_BUILDERS.fact(builder, "per_task")
     base_dir = cache / "models" / (cache_key(cfg.model, alphabet, cfg.seed) if per_task else cache_key(cfg.model))
-    base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed, **model_kwargs))
+    with heartbeat(f"model: building or loading {builder} (cache {base_dir})"):
+        base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed,
+                                            **model_kwargs))
     # Before the warm-up formats its targets: a chat model reads answers in its own style.
     tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
     check_context(cfg, task, tokenizer)   # every check on the data before any training, the warm-up's too

@@ -172,7 +172,9 @@ class TaskConfig:
     # local_dataset: field holding the SFT target (null = the answer).
     solution_field: Optional[str] = None
     # local_dataset: {split: file} when the data comes pre-split (e.g. {train: a.jsonl, test: b.jsonl}).
-    splits: Optional[Dict[str, str]] = None
+    # Untyped for the reason rollout.group_size_schedule is: a command-line dict cannot merge into a
+    # null typed Dict node; check_local_dataset checks it instead.
+    splits: Optional[Any] = None
     # How answers are written and extracted: plain (whole completion), hash ("#### 42"), tags
     # (<answer>42</answer>); null = the source's default.
     answer_format: Optional[str] = None
@@ -296,7 +298,8 @@ class RolloutConfig:
     max_model_len: int = 256
     # vLLM: eager mode (no graph capture); required for fast start-up on CPU.
     enforce_eager: bool = True
-    # Numeric type of the engine's weights; fp32 keeps engine and learner logprobs within 1e-3.
+    # Numeric type of the engine's weights (ROLLOUT_DTYPES: float32, bfloat16, float16); fp32 keeps
+    # engine and learner logprobs within 1e-3.
     dtype: str = "float32"
     # vLLM: seconds one generate call (rollout or evaluation) may take before the run fails; null = no limit.
     generate_timeout_s: Optional[float] = 600.0
@@ -332,6 +335,9 @@ class LoRAConfig:
     target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                "gate_proj", "up_proj", "down_proj"])
 
+
+# rollout.dtype's choices: torch dtype names every engine accepts (vLLM's `dtype`, torch.<name> for hf).
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 
 # learner.dtype's choices: fp32, or bf16 autocast over fp32 master weights.
 LEARNER_DTYPES = ("fp32", "bf16")

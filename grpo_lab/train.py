@@ -37,6 +37,7 @@ from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_line
 from grpo_lab.memory_plan import plan_memory
 from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.phases import RewardNormalizer, RolloutPipeline, rollout_metrics, to_learner_batch
+from grpo_lab.progress import heartbeat
 from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.run_setup import log_initial_eval, open_recorder, record_outcome, start_run
 from grpo_lab.schema import ConfigError
@@ -77,8 +78,11 @@ def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, re
     """Held-out evaluation (grpo_lab.evaluation.evaluate_held_out); its first trainer.samples_per_log
     greedy completions go to samples.jsonl."""
     rows: list[dict] = []
-    metrics = evaluate_held_out(engine, tokenizer, items, cfg, step=step, samples=rows,
-                                max_samples=cfg.trainer.samples_per_log)
+    k = cfg.trainer.get("eval_sampled_k", 0)
+    with heartbeat(f"evaluation at step {step}: {len(items)} held-out items, greedy"
+                   f"{f' + {k} samples each' if k else ''}, up to {cfg.rollout.max_new_tokens} new tokens"):
+        metrics = evaluate_held_out(engine, tokenizer, items, cfg, step=step, samples=rows,
+                                    max_samples=cfg.trainer.samples_per_log)
     recorder.log_samples(rows, step=step, kind="eval")
     return metrics
 
@@ -118,7 +122,8 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
     if placement:
         print(f"cpu placement: learner on cores {list(placement.learner)}, engine on {list(placement.engine)} "
               "(trainer.cpu_placement=shared: all cores to both)")
-    with engine_cores(placement):
+    with engine_cores(placement), heartbeat(f"rollout engine: starting {cfg.rollout.engine} on {device} "
+                                            "(vLLM on a CPU: about a minute)"):
         engine = build_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
     eval_items = task.splits[t.eval_split]
     sampler = objective.make_sampler(cfg, engine, tokenizer, task.splits["train"])

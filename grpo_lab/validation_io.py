@@ -1,7 +1,7 @@
 """Validation of the I/O-side config sections (``reward``, ``rollout``, ``task``), run by
 ``grpo_lab.config.validate`` before any model or engine loads.
 
-``validate_rollout_reward_task(cfg, errors)`` appends one message per problem; each names the key
+``validate_rollout_reward_task(cfg, errors, machine)`` appends one message per problem; each names the key
 and says what to change. Plug-ins named by import path (``reward.weights``, ``task.source``) are
 imported here, so an unimportable path fails in a second rather than after the warm-up.
 """
@@ -34,16 +34,17 @@ def _timeout(value: Any, key: str, errors: list[str], example: str) -> None:
                       "for no limit")
 
 
-def _validate_reward(rw: Any, errors: list[str]) -> None:
+def _validate_reward(rw: Any, errors: list[str], machine: bool) -> None:
     if not rw.weights:
         errors.append("reward.weights is empty: name at least one reward, e.g. reward.weights={correctness_binary: 1.0} "
                       "or reward=correctness")
     for name, weight in rw.weights.items():
         if check_registered(REWARDS, str(name), f"reward.weights.{name}", errors):
-            # The reward's own settings (e.g. llm_judge's reward.judge): a fact on its REWARDS entry.
+            # The reward's own settings (e.g. llm_judge's reward.judge): a fact on its REWARDS entry,
+            # called as check(reward config, errors, machine).
             check = REWARDS.fact(str(name), "check")
             if check is not None:
-                check(rw, errors)
+                check(rw, errors, machine)
         if not _finite(weight):
             errors.append(f"reward.weights[{name!r}]={weight} must be a finite number")
     _timeout(rw.timeout_s, "reward.timeout_s", errors, "60")
@@ -151,10 +152,11 @@ def _validate_task(t: Any, errors: list[str]) -> None:
         check(t, errors)
 
 
-def validate_rollout_reward_task(cfg: Any, errors: list[str]) -> None:
+def validate_rollout_reward_task(cfg: Any, errors: list[str], machine: bool = True) -> None:
     """Append a message to ``errors`` for every bad value in ``cfg.reward``, ``cfg.rollout`` and
-    ``cfg.task``; cheap enough to run before anything loads (reasoning-gym's import is ~1 s)."""
-    _validate_reward(cfg.reward, errors)
+    ``cfg.task``; cheap enough to run before anything loads (reasoning-gym's import is ~1 s).
+    ``machine=False`` skips what only this machine can tell (files a reward needs exist here)."""
+    _validate_reward(cfg.reward, errors, machine)
     _validate_reward_noise(cfg.reward, errors)
     _validate_rollout(cfg.rollout, errors)
     _validate_task(cfg.task, errors)

@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lab.evaluation import evaluate
 from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, encode_target, token_logprobs
+from grpo_lab.progress import CountedProgress, say
 from grpo_lab.rollout.hf_engine import HFEngine
 
 
@@ -120,11 +121,18 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
     dev = task.splits["dev"]
     start, history, acc = time.time(), [], 0.0
     tty = sys.stdout.isatty()
+    say(f"warm-up SFT: up to {cfg.max_steps} steps of {cfg.batch_size} worked solutions ({len(task.splits['train'])} "
+        f"train items), sampled dev accuracy on {len(dev)} items every {cfg.eval_every} steps, stopping at "
+        f"{cfg.target_sampled_dev_accuracy:.0%}; cached in {out_dir}")
     bar = tqdm(total=cfg.max_steps, desc="warm-up SFT", dynamic_ncols=True, file=sys.stdout, disable=not tty)
+    # In a log file (no TTY) the bar is off: a line every ~30 s or 10 % of the steps instead.
+    progress = CountedProgress("warm-up SFT", cfg.max_steps)
 
     def on_step(p: SFTProgress) -> bool:
         nonlocal acc
         bar.update(1)
+        if not tty:
+            progress.update(p.step, f"loss {p.loss:.3f}")
         if p.step % cfg.eval_every != 0 and p.step != cfg.max_steps:
             return False
         with torch.no_grad():

@@ -44,6 +44,12 @@ CATALOGUE = [
     (['algorithm=dpo', 'algorithm.preference.pairs=/nonexistent/pairs.jsonl'], 'algorithm.preference.pairs'),
     (['algorithm=dpo', 'rollout.group_size=1'], 'rollout.group_size'),
     (['algorithm.gamma=1.5'], 'algorithm.gamma'),
+    (['reward.noise.kind=bogus'], 'reward.noise.kind'),
+    (['reward.noise.kind=flip', 'reward.noise.flip_prob=1.5'], 'reward.noise.flip_prob'),
+    (['reward=scorer', 'reward.noise.kind=flip'], 'reward.noise.kind'),
+    (['reward.noise.kind=gaussian', 'reward.noise.std=-1'], 'reward.noise.std'),
+    (['algorithm=dpo', 'algorithm.preference.label_flip_prob=2'], 'algorithm.preference.label_flip_prob'),
+    (['algorithm=dpo', 'algorithm.preference.label_smoothing=0.5'], 'algorithm.preference.label_smoothing'),
     (['algorithm.critic.lr=0'], 'algorithm.critic.lr'),
     (['learner.lr=0'], 'learner.lr'),
     (['learner.lr=nan'], 'learner.lr'),
@@ -93,6 +99,12 @@ CATALOGUE = [
     (['rollout.tensor_parallel_size=0'], 'rollout.tensor_parallel_size'),
     (['rollout=hf', 'rollout.data_parallel_size=2'], 'rollout.data_parallel_size'),
     (['rollout.tensor_parallel_size=64', 'rollout.data_parallel_size=2'], 'rollout.tensor_parallel_size'),
+    (['reward=llm_judge', 'reward.judge.builder=pretrained', 'reward.judge.path=/nonexistent'], 'reward.judge.path'),
+    (['rollout.group_size_schedule=1:4'], 'rollout.group_size_schedule'),
+    (['rollout=hf', 'rollout.dtype=fp7'], 'rollout.dtype'),
+    (['rollout=vllm', 'rollout.dtype=fp7'], 'rollout.dtype'),
+    (['rollout.gpu_memory_utilization=1.0'], 'rollout.gpu_memory_utilization'),
+    (['task.source=local_dataset', 'task.path=/data/a.jsonl', 'task.splits=train'], 'task.splits'),
 ]
 
 
@@ -126,3 +138,17 @@ def test_a_group_switch_does_not_carry_over_generator_kwargs():
     with pytest.raises(ConfigError, match="task.dataset_kwargs"):
         validate(compose_cfg(["task.name=gcd", "task.prompt_format=question"]))
     validate(compose_cfg(["task=gcd"]))
+
+
+def test_a_real_model_recipe_switches_task_with_one_override():
+    """The recipe pins no generator kwargs, so task=<file> replaces its task whole, as for the tiny model."""
+    cfg = compose_cfg(["experiment=smollm2_chain_sum", "task=gcd"])
+    validate(cfg)
+    assert cfg.task.name == "gcd" and cfg.model.builder == "smollm2_135m" and cfg.task.prompt_format == "question"
+    assert dict(cfg.task.dataset_kwargs) == dict(compose_cfg(["task=gcd"]).task.dataset_kwargs)
+
+
+def test_a_missing_judge_path_is_left_to_the_machine_that_runs():
+    """reward.judge.path names a directory of the machine that runs: validate(machine=False) does not ask."""
+    validate(compose_cfg(["reward=llm_judge", "reward.judge.builder=pretrained", "reward.judge.path=/nonexistent",
+                          "learner.memory_plan=off"]), machine=False)

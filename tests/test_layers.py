@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 # Bottom to top: (floor name, module prefixes). The package's own __init__ is on the bottom floor.
 FLOORS: list[tuple[str, list[str]]] = [
-    ("foundation", ["grpo_lab.schema", "grpo_lab.registry", "grpo_lab.atomic_dir", "grpo_lab.parent_death"]),
+    ("foundation", ["grpo_lab.schema", "grpo_lab.registry", "grpo_lab.atomic_dir", "grpo_lab.parent_death",
+                    "grpo_lab.progress"]),
     ("math and prompts", ["grpo_lab.algos", "grpo_lab.prompts"]),
     ("learner tensors", ["grpo_lab.learner"]),           # batch, schedules, torch.distributed helpers
     ("models", ["grpo_lab.models"]),

@@ -44,9 +44,11 @@ def _finite(v) -> bool:
 
 def run_tags(cfg: DictConfig, overrides: list[str], swept_keys: list[str]) -> list[str]:
     """The settings researchers filter by, always present, then every swept override as key=value."""
+    from grpo_lab.tasks import task_label
+
     a = cfg.algorithm
     tags = [f"algorithm={a.name}", f"G={cfg.rollout.group_size}", f"clip={a.clip_low:g}-{a.clip_high:g}",
-            f"kl={a.kl.coef:g}", f"seed={cfg.seed}", f"task={cfg.task.name}"]
+            f"kl={a.kl.coef:g}", f"seed={cfg.seed}", f"task={task_label(cfg.task)}"]
     values = dict(o.split("=", 1) for o in overrides if "=" in o)
     tags += [f"{k}={values[k]}" for k in swept_keys if k in values] + list(cfg.logger.tags)
     # wandb caps a tag at 64 characters; keep order, drop duplicates.
@@ -95,10 +97,12 @@ class RunRecorder:
         if cfg.logger.backend == "wandb":
             import wandb
 
+            from grpo_lab.tasks import task_label
+
             self.wandb = wandb.init(
                 id=resume.get("wandb_id") if resume else None, resume="allow" if resume else None,
                 project=cfg.logger.project, entity=cfg.logger.entity, name=cfg.run_name,
-                group=cfg.logger.group or sweep or f"{cfg.task.name}-{cfg.algorithm.name}",
+                group=cfg.logger.group or sweep or f"{task_label(cfg.task)}-{cfg.algorithm.name}",
                 job_type=cfg.algorithm.name, tags=run_tags(cfg, overrides, swept_keys),
                 config=OmegaConf.to_container(cfg, resolve=True), dir=str(self.run_dir),
                 mode=wandb_mode(cfg.logger.mode), reinit="finish_previous",

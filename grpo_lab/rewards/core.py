@@ -21,7 +21,7 @@ list, e.g. ``llm_judge``'s written feedback. ``compute_rewards`` collects it int
 can write it beside each sample (``samples.jsonl``). A ``RewardValues`` is a list, so callers that
 only want the values need nothing new.
 
-Facts on ``REWARDS`` entries: ``check(reward_cfg, errors)`` validates the reward's own settings before
+Facts on ``REWARDS`` entries: ``check(reward_cfg, errors, machine)`` validates the reward's own settings before
 anything loads (None = none), like the ``check`` fact of task sources; ``may_hang`` (default True:
 plug-ins and unknown code) says whether ``reward.isolation=auto`` runs the reward in a worker process
 that a timeout can kill (:mod:`grpo_lab.rewards.isolation`). The cheap built-ins that run every step
@@ -62,7 +62,7 @@ from .isolation import RewardTimeout, call_in_worker, function_ref
 
 log = logging.getLogger(__name__)
 
-# Facts: `check(reward_cfg, errors)` validates the reward's settings before anything loads (None = none);
+# Facts: `check(reward_cfg, errors, machine)` validates the reward's settings before anything loads (None = none);
 # `binary`: every value is 1.0 or 0.0 (what reward.noise.kind=flip needs);
 # `may_hang`: reward.isolation=auto runs the reward in a killable worker process (module docstring).
 REWARDS = Registry("reward", defaults={"check": None, "binary": False, "may_hang": True})

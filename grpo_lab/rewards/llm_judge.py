@@ -41,6 +41,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
 
+from grpo_lab.progress import heartbeat
+
 from .core import REWARDS, RewardValues
 
 log = logging.getLogger(__name__)
@@ -141,9 +143,10 @@ def _start(judge: Mapping[str, Any]) -> tuple[Any, Any]:
         max_model_len=int(judge.get("max_model_len", 2048)), enforce_eager=True,
         dtype=str(judge.get("dtype", "float32")), generate_timeout_s=judge.get("generate_timeout_s"),
         sync_timeout_s=None)
-    log.info("starting the judge model %s (%s engine)", model_dir, judge.get("engine", "vllm"))
-    engine = ROLLOUT_ENGINES.get(str(judge.get("engine", "vllm")))(model_dir, engine_cfg, seed=0,
-                                                                   device="cpu")
+    with heartbeat(f"judge: starting {model_dir} ({judge.get('engine', 'vllm')} engine; vLLM on a CPU: about a "
+                   "minute)"):
+        engine = ROLLOUT_ENGINES.get(str(judge.get("engine", "vllm")))(model_dir, engine_cfg, seed=0,
+                                                                       device="cpu")
     return engine, tokenizer
 
 
@@ -163,8 +166,9 @@ atexit.register(close_judges)
 
 
 # ------------------------------------------------------------------------------------- the reward
-def check_llm_judge(rw: Any, errors: list[str]) -> None:
-    """reward.judge settings (the REWARDS `check` fact), checked before anything loads."""
+def check_llm_judge(rw: Any, errors: list[str], machine: bool = True) -> None:
+    """reward.judge settings (the REWARDS `check` fact), checked before anything loads; ``machine``:
+    also what only this machine can tell (the judge's model directory exists here)."""
     from grpo_lab.models import MODEL_BUILDERS
     from grpo_lab.prompts import check_chat_template
     from grpo_lab.registry import check_registered
@@ -177,6 +181,11 @@ def check_llm_judge(rw: Any, errors: list[str]) -> None:
     if check_registered(MODEL_BUILDERS, str(j.builder), "reward.judge.builder", errors):
         if MODEL_BUILDERS.fact(str(j.builder), "needs_path") and not j.path:
             errors.append(f"reward.judge.builder={j.builder} needs reward.judge.path=<local HF model directory>")
+        elif j.path and machine and not Path(str(j.path)).expanduser().is_dir():
+            # Else the engine starts and a first rollout runs before the judge fails to load.
+            errors.append(f"reward.judge.path={j.path!r} is not a directory on this machine: give a local HF model "
+                          "directory (saved with save_pretrained; hub names are not downloaded here), or use "
+                          "reward.judge.builder=smollm2_135m (offline)")
     check_registered(ROLLOUT_ENGINES, str(j.engine), "reward.judge.engine", errors)
     problem = check_chat_template(j.chat_template)
     if problem:

@@ -14,7 +14,9 @@ from grpo_lab.registry import Registry
 log = logging.getLogger(__name__)
 
 # Fact: `check(task_cfg, errors)` validates the source's own settings before anything loads (None = none).
-TASKS = Registry("task source", defaults={"check": None})
+# Facts: `check(task_cfg, errors)` validates the source's settings before anything loads; `run_label(task_cfg)`
+# is what run names and tags call the task (None: task.name, the reasoning-gym generator).
+TASKS = Registry("task source", defaults={"check": None, "run_label": None})
 
 SPLITS = ("train", "dev", "test")
 
@@ -86,6 +88,18 @@ def remove_train_overlap(splits: dict[str, list[TaskItem]], task_name: str) -> d
     if dev_test:
         log.warning("task %s: %d test prompts also appear in dev", task_name, dev_test)
     return {"train_removed_overlap": removed, "dev_test_overlap": dev_test}
+
+
+def task_label(task_cfg: Any) -> str:
+    """What run names, tags and groups call the task a ``task`` config section describes: the source's
+    ``run_label`` fact (a local dataset: its file's stem), else ``task.name`` for a registered source, else
+    a plug-in factory's name (``my_pkg.tasks:arith_words`` -> ``arith_words``; not imported here, so a
+    run name never depends on the plug-in being importable)."""
+    source = str(task_cfg.get("source") or "reasoning_gym")
+    if ":" in source or "." in source:  # a plug-in path (registered names have neither)
+        return source.rpartition(":")[2] if ":" in source else source.rpartition(".")[2]
+    label = TASKS.fact(source, "run_label") if source in TASKS.names() else None
+    return str(label(task_cfg)) if label is not None else str(task_cfg.get("name"))
 
 
 def build_task(task_cfg: Any) -> Task:

@@ -29,15 +29,17 @@ model=smollm2_135m rollout.max_model_len=1024 reward=math_verify`` (or, where th
 ``reward=math_verify`` (equivalence, e.g. ``1/2`` = ``\\frac{1}{2}``) or ``correctness`` (exact).
 
 Checked when the task is built, before any model loads (every split, every row): an empty split,
-a malformed JSONL line (file and line named), a file ``datasets`` cannot read (file named), a row
+a malformed or non-UTF-8 JSONL line (file and line named), a file ``datasets`` cannot read (file named), a row
 without the prompt or answer field (split and row named), and an answer that comes out empty or
-``None``/``nan`` are errors, never a silent reference answer of ``"None"``.
+``None``/``nan`` are errors, never a silent reference answer of ``"None"``. One prompt given with
+different answers is a warning (file and count named), logged once per load.
 """
 
 from __future__ import annotations
 
 import json
 import hashlib
+import logging
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,6 +53,8 @@ _NO_ANSWER = {"", "none", "nan", "null"}
 from .base import SPLITS, TASKS, Task, TaskItem, remove_train_overlap
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+log = logging.getLogger(__name__)
+
 DEFAULT_SOURCE_SPLITS = {"train": ("train",), "dev": ("dev", "validation", "valid"), "test": ("test",)}
 
 
@@ -81,8 +85,9 @@ def read_jsonl(path: str | Path, required: Sequence[str] = (), *, key: str = "ta
     ``required`` fields must be present and non-null on every row; ``key`` is the config key that
     named the file and ``fix`` says what to do about a missing field."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = _decode_line(raw, path, lineno)
             if not line.strip():
                 continue
             try:
@@ -104,6 +109,16 @@ def read_jsonl(path: str | Path, required: Sequence[str] = (), *, key: str = "ta
     return rows
 
 
+def _decode_line(raw: bytes, path: str | Path, lineno: int) -> str:
+    """One line of a data file as UTF-8 text; else an error naming the file, the line and the fix."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}, line {lineno}: not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column "
+                         f"{e.start + 1}); re-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path} > "
+                         "fixed.jsonl` (with the file's real encoding for latin1)") from None
+
+
 def check_jsonl(path: str | Path, required: Sequence[str] = ()) -> int:
     """Number of rows of a JSON-lines task file (errors as :func:`read_jsonl`)."""
     return len(read_jsonl(path, required))
@@ -120,6 +135,25 @@ def reference_answer(raw: Any, answer_format: str) -> str:
         if marked:
             return extract_answer(text, fmt) or ""
     return (extract_answer(text, answer_format) if answer_format in ("tags",) else None) or text.strip()
+
+
+def warn_conflicting_duplicates(path: Any, tables: Sequence[Any], prompt_field: str, answer_field: str,
+                                answer_format: str) -> int:
+    """Warn once, naming the data, when one prompt appears with different reference answers: the reward
+    of such a prompt then depends on which row was drawn, and no policy can be right on all of them.
+    Returns the number of such prompts (0: nothing is logged)."""
+    answers: dict[str, set[str]] = {}
+    for table in tables:
+        for r in table:
+            answers.setdefault(str(r[prompt_field]), set()).add(reference_answer(r[answer_field], answer_format))
+    conflicting = {p: a for p, a in answers.items() if len(a) > 1}
+    if conflicting:
+        prompt, seen = next(iter(conflicting.items()))
+        where = dict(path) if isinstance(path, Mapping) else str(path)
+        log.warning("%s: %d prompt(s) appear more than once with different reference answers (e.g. %r -> %s); "
+                    "their reward depends on which row is drawn: keep one answer per prompt in the file",
+                    where, len(conflicting), prompt[:80], sorted(seen)[:4])
+    return len(conflicting)
 
 
 def _is_save_to_disk_dir(p: Path) -> bool:
@@ -200,6 +234,12 @@ def _split_files(splits: Mapping[str, str] | None) -> dict[str, str] | None:
 def check_local_dataset(t: Any, errors: list[str]) -> None:
     """task.source=local_dataset settings (the data itself is checked when the task is built, which
     is still before any model loads)."""
+    from omegaconf import OmegaConf
+
+    if t.splits is not None and not (OmegaConf.is_dict(t.splits) or isinstance(t.splits, Mapping)):
+        errors.append(f"task.splits={t.splits!r} must map split names to source splits or files, written with "
+                      "braces, e.g. task.splits={train: a.jsonl, test: b.jsonl}, or null")
+        return
     if not t.path and not _split_files(t.splits):
         errors.append("task.source=local_dataset needs task.path=/path/to/data.jsonl (or .parquet/.csv, a "
                       "save_to_disk directory, or a hub name such as openai/gsm8k with task.hub_config=main), or "
@@ -209,7 +249,17 @@ def check_local_dataset(t: Any, errors: list[str]) -> None:
             errors.append(f"task.{key} is empty: name the dataset column that holds the {key.split('_')[0]}")
 
 
-@TASKS.register("local_dataset", check=check_local_dataset)
+def local_dataset_label(t: Any) -> str:
+    """The data's name for run names and tags: the stem of task.path (a hub name's last part), else of
+    the train file in task.splits; the default task's name would call every local dataset chain_sum."""
+    path = t.get("path") or _split_files(t.get("splits")) or "local_dataset"
+    if isinstance(path, Mapping):
+        path = path.get("train") or next(iter(path.values()))
+    name = Path(str(path).rstrip("/")).name
+    return next((name[: -len(ext)] for ext in FILE_BUILDERS if name.endswith(ext)), name) or "local_dataset"
+
+
+@TASKS.register("local_dataset", check=check_local_dataset, run_label=local_dataset_label)
 def local_dataset_task(
     *,
     path: str | Mapping[str, str] | None = None,
@@ -296,6 +346,9 @@ def local_dataset_task(
                                  f"{answer_field!r} ({str(r[answer_field])[-80:]!r}) is {ans!r}; fix the row, or "
                                  "point task.answer_field at the column holding the answer")
 
+    # Every source split we use, once each (two of ours may read the same one).
+    warn_conflicting_duplicates(path, [source[n] for n in dict.fromkeys(mapping.values())], prompt_field,
+                                answer_field, answer_format)
     train_rows = rows(source[mapping["train"]])
 
     raw: dict[str, list[dict[str, Any]]] = {}

@@ -115,7 +115,8 @@ def check_dataset_kwargs(name: str, dataset_kwargs: Mapping[str, Any]) -> None:
             f"(Valid dataset_kwargs for {name}: {', '.join(valid)}). Left over from another task? Switch tasks with task=<file> "
             f"(conf/task/*.yaml, each with its own dataset_kwargs, e.g. task={name} if that file exists); "
             f"task.name=... keeps the old kwargs and task.dataset_kwargs={{}} merges rather than "
-            f"replaces, so remove each with ~task.dataset_kwargs.<key>"
+            f"replaces, so remove each with ~task.dataset_kwargs.<key>. If task={name} was given, a recipe "
+            f"(experiment=...) sets task.dataset_kwargs, which merge into every task: move them into a conf/task file"
         )
 
 

@@ -1,0 +1,55 @@
+"""Long phases print progress: a short warm-up prints a start line (what, how much) and step lines
+with the loss and time left; an opaque call (engine start, evaluation) prints a start line, a line
+at least every `EVERY_S` seconds while it runs and an end line."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from grpo_lab import progress
+from grpo_lab.models import MODEL_BUILDERS
+from grpo_lab.tasks.base import Task, TaskItem
+from grpo_lab.warmup import warmup_sft
+
+ITEMS = [TaskItem(f"{a}+{b}=", str(a + b), str(a + b)) for a in range(4) for b in range(4)]
+
+
+def test_a_short_warmup_prints_a_start_line_and_progress_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)   # every step is "30 s later"
+    base = Path(MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet="0123456789+=", seed=0))
+    task = Task(name="sums", splits={"train": ITEMS, "dev": ITEMS[:4], "test": ITEMS[:4]})
+    cfg = SimpleNamespace(cache=True, lr=1e-3, max_steps=4, batch_size=2, eval_every=2, target_sampled_dev_accuracy=1.0)
+    stats = warmup_sft(base, tmp_path / "warm", task, cfg, max_new_tokens=3, seed=0, device="cpu")
+    out = capsys.readouterr().out
+    assert stats["steps"] == 4
+    assert "warm-up SFT: up to 4 steps of 2 worked solutions (16 train items)" in out
+    steps = [line for line in out.splitlines() if line.startswith("warm-up SFT step ")]
+    assert [line.split()[3] for line in steps if "s left" in line] == ["1/4", "2/4", "3/4", "4/4"]
+    assert all("loss" in line for line in steps if "s left" in line)
+
+
+def test_counted_progress_prints_every_tenth_even_when_fast(capsys):
+    p = progress.CountedProgress("evaluation", 100, unit="item", every_s=3600)
+    for done in range(1, 101):
+        p.update(done)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in lines] == [f"{10 * k}/100" for k in range(1, 11)]
+
+
+def test_a_heartbeat_prints_while_an_opaque_call_runs(capsys):
+    with progress.heartbeat("rollout engine: starting vllm", every_s=0.05):
+        time.sleep(0.3)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "rollout engine: starting vllm ..."
+    assert sum("still running" in line for line in lines) >= 2
+    assert lines[-1].startswith("rollout engine: starting vllm: done in")
+
+
+def test_a_heartbeat_says_when_the_call_failed(capsys):
+    with pytest.raises(RuntimeError), progress.heartbeat("model: building", every_s=10):
+        raise RuntimeError("boom")
+    assert "model: building: failed after" in capsys.readouterr().out
