@@ -36,6 +36,13 @@ def _check_pair_logps(*logps: Tensor) -> None:
         raise ValueError(f"preference log-probs must all be [P], got shapes {shapes}")
 
 
+def _beta_log_ratios(policy_chosen_logps: Tensor, policy_rejected_logps: Tensor, ref_chosen_logps: Tensor,
+                     ref_rejected_logps: Tensor, beta: float) -> tuple[Tensor, Tensor]:
+    """[P] x 4 -> (beta (log pi - log ref)(y_c), beta (log pi - log ref)(y_r)), each [P]: DPO's implicit rewards."""
+    _check_pair_logps(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    return beta * (policy_chosen_logps - ref_chosen_logps), beta * (policy_rejected_logps - ref_rejected_logps)
+
+
 def _weighted_mean(losses: Tensor, weights: Tensor | None) -> Tensor:
     """sum_p w_p L_p / sum_p w_p (plain mean without weights); 0 for P = 0, still on the graph."""
     w = torch.ones_like(losses) if weights is None else weights.to(losses.dtype)
@@ -84,9 +91,8 @@ def dpo_loss(
 
     Shapes: the four log-prob tensors and weights [P] -> (loss scalar, metrics).
     """
-    _check_pair_logps(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
-    chosen_reward = beta * (policy_chosen_logps - ref_chosen_logps)  # [P]
-    rejected_reward = beta * (policy_rejected_logps - ref_rejected_logps)  # [P]
+    chosen_reward, rejected_reward = _beta_log_ratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps,
+                                                      ref_rejected_logps, beta)  # [P] each
     h = chosen_reward - rejected_reward  # [P]
     # logsigmoid is stable for large |margin|; eps = 0 adds an exact 0 (the plain DPO loss, bit for bit)
     losses = -F.logsigmoid(h) if not label_smoothing else (
@@ -116,9 +122,8 @@ def robust_dpo_loss(
     """
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"rdpo needs a flip rate eps in [0, 0.5), got label_smoothing={label_smoothing}")
-    _check_pair_logps(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
-    chosen_reward = beta * (policy_chosen_logps - ref_chosen_logps)  # [P]
-    rejected_reward = beta * (policy_rejected_logps - ref_rejected_logps)  # [P]
+    chosen_reward, rejected_reward = _beta_log_ratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps,
+                                                      ref_rejected_logps, beta)  # [P] each
     h = chosen_reward - rejected_reward  # [P]
     eps = label_smoothing
     losses = ((1 - eps) * -F.logsigmoid(h) - eps * -F.logsigmoid(-h)) / (1 - 2 * eps)  # [P]
