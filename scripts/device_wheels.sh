@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fill .whl/ with what scripts/device_check.sh needs on the lent GPU machine beyond its image.
 # That machine has Python 3.12 with torch (CUDA), transformers, peft, accelerate, safetensors, numpy,
-# matplotlib, psutil, pytest (library/device/KINDS.md) and reaches no registry; this fetches the rest, at
+# matplotlib, psutil, pytest and reaches no registry; this fetches the rest, at
 # requirements.lock's versions: wheels for Python 3.12, pure-Python sdists built into wheels here, and
 # pycosat's C sdist (reasoning-gym imports it; PyPI has no cp312 wheel), which scripts/device_check.sh
 # builds there. It also writes .whl/smollm2_135m_shape/: SmolLM2-135M-Instruct's config and tokenizer
