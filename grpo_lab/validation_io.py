@@ -93,7 +93,7 @@ def _validate_reward_noise(rw: Any, errors: list[str]) -> None:
     # A flip turns 1 into 0 and 0 into 1: the reward must be one registered 1/0 reward at weight 1
     # (a plug-in is checked on its first values instead).
     if REWARD_NOISE.fact(nz.kind, "binary_only"):
-        names = [str(n) for n in rw.weights]
+        names = [str(n) for n, w in rw.weights.items() if _finite(w) and float(w) != 0.0]  # weight 0 adds nothing
         registered = [n for n in names if n in REWARDS.names()]
         if registered and (len(names) != 1 or float(rw.weights[names[0]]) != 1.0
                            or not REWARDS.fact(names[0], "binary")):

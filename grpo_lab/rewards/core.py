@@ -150,7 +150,7 @@ def correctness_binary(completions: list[str], **fields: Any) -> list[float]:
 
 # May hang: sympy evaluates what it parses (a huge power runs in C), and math-verify's own timeouts
 # use SIGALRM, which only works in a main thread, as the worker's is.
-@REWARDS.register("math_verify", may_hang=True)
+@REWARDS.register("math_verify", may_hang=True, binary=True)
 def math_verify_reward(
     completions: list[str], *, answer: list[str], answer_format: list[str] | None = None, **_: Any
 ) -> list[float]:
@@ -183,7 +183,7 @@ def math_verify_reward(
     return out
 
 
-@REWARDS.register("format", may_hang=False)
+@REWARDS.register("format", may_hang=False, binary=True)
 def format_reward(completions: list[str], *, answer_format: list[str] | None = None, **_: Any) -> list[float]:
     """1.0 if the completion states its answer in the item's answer format's explicit form, else 0.0.
 
