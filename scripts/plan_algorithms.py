@@ -12,6 +12,13 @@ Each algorithm keeps its own recipe (conf/algorithm/*.yaml), so the KL coefficie
 reference is held: ppo (beta 0.001) and rloo (0.05) hold one, grpo and gspo (beta 0) do not; under LoRA the
 reference is the base with adapters disabled (no copy). "learner total" leaves out the rollout engine's
 share; ratios divide by the ppo row of the same setting.
+
+The plan books PPO's critic like the policy: 18 B/parameter in bf16 (fp32 master, bf16 copy, gradients,
+AdamW), with its activations assumed smaller than the policy's. The learner as written runs the critic
+(ValueModel) outside autocast and without gradient checkpointing, so its forward stores fp32
+activations of every layer: "critic act. as run" is the planner's own activation formula for that
+(learner.dtype=fp32, gradient_checkpointing=false, same micro-batch), and "learner as run" swaps it in for
+the policy's activations and logits where it is larger, with the critic at 16 B/parameter (no bf16 copy).
 """
 
 from __future__ import annotations
@@ -51,17 +58,28 @@ def settings(smollm2_only: bool) -> list[tuple[str, str, str, list[str], bool]]:
 
 
 def plan_row(overrides: list[str], machine: bool) -> dict:
-    plan = plan_memory(compose_cfg(overrides), machine=machine)
+    cfg = compose_cfg(overrides)
+    plan = plan_memory(cfg, machine=machine)
     engine = sum(i.bytes for i in plan.items if i.name.startswith("rollout engine"))
     policy = sum(i.bytes for i in plan.items if i.name.startswith(("policy", "gradients", "AdamW", "LoRA")))
-    return {"policy": policy, "ref": plan.item("reference model"), "critic": plan.item("critic (+AdamW)"),
-            "act": plan.item("activations") + plan.item("logits (fp32)"), "engine": engine,
-            "total": plan.total, "learner": plan.total - engine, "device": plan.device_memory, "fits": plan.fits}
+    row = {"policy": policy, "ref": plan.item("reference model"), "critic": plan.item("critic (+AdamW)"),
+           "act": plan.item("activations") + plan.item("logits (fp32)"), "engine": engine,
+           "total": plan.total, "learner": plan.total - engine, "fits": plan.fits, "critic_act": 0.0}
+    row["as_run"] = row["learner"]
+    if row["critic"]:
+        fp32 = plan_memory(compose_cfg([*overrides, "learner.dtype=fp32", "learner.gradient_checkpointing=false"]),
+                           machine=machine)
+        row["critic_act"] = fp32.item("activations")
+        critic_as_run = row["critic"] * (16 / 18 if cfg.learner.dtype == "bf16" else 1.0)   # no bf16 copy
+        row["as_run"] = (row["learner"] - row["critic"] + critic_as_run - row["act"]
+                         + max(row["act"], row["critic_act"]))
+    return row
 
 
 def table(smollm2_only: bool) -> str:
     head = ("| model | tuning | devices | algorithm | policy states GB | ref GB | critic GB | act+logits GB "
-            "| engine GB | learner total GB | total GB / device | fits | total / ppo | learner / ppo |")
+            "| engine GB | learner total GB | total GB / device | fits | total / ppo | learner / ppo "
+            "| critic act. as run GB | learner as run GB | as run / ppo |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for model, tuning, machine, overrides, here in settings(smollm2_only):
         rows = {a: plan_row([*overrides, f"algorithm={a}"], here) for a in ALGORITHMS}
@@ -71,7 +89,8 @@ def table(smollm2_only: bool) -> str:
             fits = {True: "yes", False: "NO", None: "?"}[r["fits"]]
             lines.append(f"| {model} | {tuning} | {machine} | {a} | {g('policy')} | {g('ref')} | {g('critic')} "
                          f"| {g('act')} | {g('engine')} | {g('learner')} | {g('total')} | {fits} "
-                         f"| {r['total'] / base['total']:.2f} | {r['learner'] / base['learner']:.2f} |")
+                         f"| {r['total'] / base['total']:.2f} | {r['learner'] / base['learner']:.2f} "
+                         f"| {g('critic_act')} | {g('as_run')} | {r['as_run'] / base['as_run']:.2f} |")
     return "\n".join(lines)
 
 
