@@ -11,9 +11,10 @@ grpo).
 How it measures, and why:
 
 * Each algorithm runs the real training loop (`grpo_lab.train`; HF rollout engine, or with
-  --engine recipe the engine the config names, e.g. vLLM) in its own subprocess, so memory peaks never mix and nothing but the recipe differs: same config groups,
-  model, seed, prompts and batch size (trainer.prompts_per_step × rollout.group_size sequences of
-  at most rollout.max_new_tokens tokens). The first step's batch is identical for every algorithm
+  --engine recipe the engine the config names, e.g. vLLM) in its own subprocess, so memory peaks
+  never mix and nothing but the recipe differs: same config groups, model, seed, prompts and
+  batch size (trainer.prompts_per_step × rollout.group_size sequences of at most
+  rollout.max_new_tokens tokens). The first step's batch is identical for every algorithm
   (same model, prompts and sampling seed); later ones differ only as far as the policies do. Mean
   completion length is printed so the batches can be compared.
 * Step time is the loop's own `perf/step_time_s` (rollout + rewards + learner + weight push); the
@@ -31,10 +32,11 @@ How it measures, and why:
 * With --repeats R the algorithms alternate (A B A B ...) and each number is the median, so a
   slow patch of a shared machine does not land on one algorithm only.
 
-Defaults: rollout=hf, logger=none, warmup.max_steps=0 (a random model: weights do not change the
-cost of a step, only the completion lengths; pass warmup.max_steps=1500 to bench the warmed-up
-model), no periodic evaluation, small eval split. This is a benchmark, not a test: it asserts
-nothing about timings.
+Defaults: rollout=hf (unless --engine recipe), logger=none, warmup.max_steps=0 (a random model:
+weights do not change the cost of a step, only the completion lengths; pass warmup.max_steps=1500 to
+bench the warmed-up model), no periodic evaluation (the loop's step-0 evaluation still runs, outside
+the timed steps), small eval split. --workdir keeps each run's directory and log. This is a
+benchmark, not a test: it asserts nothing about timings.
 """
 
 from __future__ import annotations
@@ -153,8 +155,9 @@ def main() -> None:
     if baseline not in args.algorithms:
         parser.error(f"--baseline {baseline} is not among --algorithms {args.algorithms}")
     runs: dict[str, list[dict]] = {a: [] for a in args.algorithms}
-    if args.workdir:
-        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    if args.workdir:   # absolute: the children run in the repository root, this process maybe not
+        args.workdir = Path(args.workdir).resolve()
+        args.workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory(
             prefix="bench_algorithms_") as tmp:
         for r in range(args.repeats):
