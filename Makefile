@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms clean
+.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms bench-algorithms-smollm2 clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ bench-sync: venv ## Weight-sync time, old (pickled) vs new (shm buckets), as a s
 
 bench-algorithms: venv ## Peak memory and step time of ppo (with critic) vs grpo, same model and batch, ratios (ARGS: see --help)
 	$(PY) scripts/bench_algorithms.py $(ARGS)
+
+bench-algorithms-smollm2: venv ## ppo (critic) vs grpo, rloo, gspo on the SmolLM2 recipe (LoRA, bf16, vLLM at 0.16, see tables/costs.md): whole-tree peak memory, step time, ratios to ppo
+	PYTHONPATH=. $(PY) scripts/bench_algorithms.py --algorithms ppo grpo rloo gspo --baseline ppo --engine recipe --steps 3 --warmup 1 $(ARGS) experiment=smollm2_chain_sum rollout.gpu_memory_utilization=0.16
 
 # Paper tables (scripts/make_table.py, conf/table/<name>.yaml): runs under outputs/tables/<name>,
 # table in tables/<name>.md|csv|png. SMOKE=1: one seed, two steps (outputs/smoke/). LAUNCHER=joblib

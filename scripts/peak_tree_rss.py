@@ -16,6 +16,18 @@ import psutil
 from grpo_lab.train import host_tree_rss_gib
 
 
+def peak_while_running(proc: subprocess.Popen, every: float) -> float:
+    """Peak resident GiB of `proc` and all its children, sampled every `every` seconds until it exits."""
+    root, peak = psutil.Process(proc.pid), 0.0
+    while proc.poll() is None:
+        try:
+            peak = max(peak, host_tree_rss_gib(root))
+        except psutil.Error:   # the root ended between poll() and the read
+            pass
+        time.sleep(every)
+    return peak
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--every", type=float, default=2.0, help="seconds between samples (default 2)")
@@ -25,13 +37,7 @@ def main() -> int:
     if not cmd:
         parser.error("give the command to measure after --")
     proc = subprocess.Popen(cmd)
-    root, peak = psutil.Process(proc.pid), 0.0
-    while proc.poll() is None:
-        try:
-            peak = max(peak, host_tree_rss_gib(root))
-        except psutil.Error:   # the root ended between poll() and the read
-            pass
-        time.sleep(args.every)
+    peak = peak_while_running(proc, args.every)
     print(f"peak tree RSS {peak:.2f} GiB (sampled every {args.every:g} s): {' '.join(cmd)}", file=sys.stderr)
     return proc.returncode
 
