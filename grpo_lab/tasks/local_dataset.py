@@ -274,6 +274,16 @@ def _resolve_path(path: Any, splits: Mapping[str, str] | None) -> tuple[Any, Map
     return path, splits
 
 
+def _check_local_files(path: Any, needed: list[str]) -> dict[str, str]:
+    """The data files named by ``path`` (key: our split name, or "" for one file), each local JSONL
+    file checked line by line for the ``needed`` fields."""
+    files = dict(path) if isinstance(path, Mapping) else {"": str(path)}
+    for f in files.values():
+        if str(f).endswith(".jsonl") and Path(str(f)).expanduser().is_file():
+            check_jsonl(Path(str(f)).expanduser(), needed)
+    return files
+
+
 def _split_mapping(source: Any, splits: Mapping[str, str] | None, path: Any) -> dict[str, str]:
     """Our split name -> the source's split: ``splits`` as given, the others found by their usual
     names (``DEFAULT_SOURCE_SPLITS``); a train split is required."""
@@ -397,10 +407,7 @@ def local_dataset_task(
     if "{prompt}" not in prompt_template:
         raise ValueError(f"prompt_template must contain '{{prompt}}', got {prompt_template!r}")
     needed = [prompt_field, answer_field, *([solution_field] if solution_field else []), *extra_fields]
-    files = dict(path) if isinstance(path, Mapping) else {"": str(path)}
-    for f in files.values():
-        if str(f).endswith(".jsonl") and Path(str(f)).expanduser().is_file():
-            check_jsonl(Path(str(f)).expanduser(), needed)
+    files = _check_local_files(path, needed)
     source = load_source(path, hub_config)
     mapping = _split_mapping(source, splits, path)
     # Every source split we use, every row: before any model loads (module docstring).
