@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import hydra
 import psutil
@@ -100,18 +102,44 @@ def host_tree_rss_gib(root: psutil.Process | None = None) -> float:
     return total / 2**30
 
 
-def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
-    start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
-    task, tokenizer, device, policy_dir = start.task, start.tokenizer, start.device, start.policy_dir
-    a, t = cfg.algorithm, cfg.trainer
-    objective = OBJECTIVES.get(a.objective)
+@dataclass
+class RunParts:
+    """What one run trains with: the learner, the rollout engine, the pipeline that feeds it prompts,
+    the objective, the reward normalizer, and the held-out items it is evaluated on."""
+    learner: Any
+    engine: Any
+    pipeline: RolloutPipeline
+    objective: Any
+    normalizer: RewardNormalizer
+    eval_items: list
+
+
+@dataclass
+class LoopState:
+    """The counters a checkpoint carries: steps and samples done, steps skipped as non-finite, and the
+    evaluation before training."""
+    step: int = 0
+    samples: int = 0
+    bad_steps: int = 0
+    before: dict = field(default_factory=dict)
+
+
+def start_learner(cfg: DictConfig, start: Any, resume_from: Path | None) -> tuple[Any, Any, dict | None]:
+    """(learner, engine builder, the checkpoint's state or None); a resumed learner loads its
+    checkpoint here, before the engine starts, so a bad checkpoint fails cheaply."""
     # Where the learner and the engine run: this process (or torchrun ranks), or Ray actors (backends.py).
-    build_learner, build_engine = TRAINER_BACKENDS.get(t.backend)(cfg)
-    learner = build_learner(cfg, policy_dir, temperature=cfg.rollout.temperature, seed=cfg.seed,
+    build_learner, build_engine = TRAINER_BACKENDS.get(cfg.trainer.backend)(cfg)
+    learner = build_learner(cfg, start.policy_dir, temperature=cfg.rollout.temperature, seed=cfg.seed,
                             max_completion_len=cfg.rollout.max_new_tokens)
     state = checkpoint.load(resume_from) if resume_from else None
-    if state:  # before the engine starts, so a bad checkpoint fails cheaply
+    if state:
         learner.load_state(resume_from / "policy", state["learner"])
+    return learner, build_engine, state
+
+
+def start_engine(cfg: DictConfig, start: Any, build_engine: Any) -> Any:
+    """The rollout engine, on the cores the CPU placement gives it."""
+    t, device = cfg.trainer, start.device
     if device.type == "cuda":   # vLLM checks free GPU memory at start; the warm-up's cached blocks would count
         torch.cuda.empty_cache()
     placement = plan_placement(t.get("cpu_placement", "auto"), overlapped=t.max_staleness > 0, n_learner=start.threads,
@@ -124,64 +152,126 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
               "(trainer.cpu_placement=shared: all cores to both)")
     with engine_cores(placement), heartbeat(f"rollout engine: starting {cfg.rollout.engine} on {device} "
                                             "(vLLM on a CPU: about a minute)"):
-        engine = build_engine(policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
-    eval_items = task.splits[t.eval_split]
-    sampler = objective.make_sampler(cfg, engine, tokenizer, task.splits["train"])
-    pipeline = RolloutPipeline(sampler, cfg, max_staleness=t.max_staleness)
-    normalizer = RewardNormalizer(a.reward_ema_decay)
+        return build_engine(start.policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
+
+
+def begin(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, state: dict | None) -> LoopState:
+    """The loop's counters: restored with the engine's weights, pipeline, normalizer and RNG from a
+    checkpoint, or fresh after the evaluation before training."""
+    if state:
+        run.engine.load_weights(run.learner.weights_for_sync())
+        run.pipeline.load_state_dict(state["pipeline"])
+        run.normalizer.load_state_dict(state["normalizer"])
+        checkpoint.set_rng_state(state["rng"])
+        return LoopState(state["step"], state["samples"], state["bad_steps"], state["before"])
+    before = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=0)
+    log_initial_eval(recorder, start, before)
+    return LoopState(before=before)
+
+
+def learn(cfg: DictConfig, run: RunParts, tokenizer, scored, metrics: dict, step: int) -> bool:
+    """Score, prepare and update on one step's rollouts (metrics into ``metrics``); True when the step
+    is bad: non-finite rewards, or an update that produced non-finite values and was skipped."""
+    if not bool(torch.isfinite(scored.rewards).all()):
+        return True
+    batch = to_learner_batch(scored, tokenizer)
+    metrics.update(run.learner.score(batch))
+    batch, prep_metrics = run.objective.prepare(batch, cfg.algorithm, normalizer=run.normalizer, step=step,
+                                                seed=cfg.seed)
+    metrics.update(prep_metrics)
+    metrics.update(run.learner.update(batch))
+    if metrics.get("actor/empty_batch"):   # no update ran, so none was non-finite
+        print(f"step {step}: nothing to train on (the objective left an empty batch, e.g. no preference "
+              "pair: every group's rewards agree); this step makes no update")
+    bad = metrics.get("actor/nonfinite_updates", 0.0) > 0
+    if not run.learner.parameters_finite():
+        raise NonFiniteError(f"the policy's weights became NaN/inf at step {step} (learner.lr="
+                             f"{cfg.learner.lr:g}); lower learner.lr or set learner.grad_clip; no "
+                             "checkpoint was written over them")
+    return bad
+
+
+def count_bad_step(cfg: DictConfig, loop: LoopState) -> None:
+    """One more bad step; NonFiniteError past trainer.max_bad_steps."""
+    loop.bad_steps += 1
+    if loop.bad_steps > cfg.trainer.max_bad_steps:
+        raise NonFiniteError(
+            f"{loop.bad_steps} steps had NaN/inf rewards, losses or gradient norms (the last at step {loop.step}); "
+            f"more than trainer.max_bad_steps={cfg.trainer.max_bad_steps}. Check the reward functions and "
+            "learner.lr; the last good policy is in the newest checkpoint")
+
+
+def push_weights(run: RunParts) -> tuple[float, float]:
+    """The learner's weights into the engine; (seconds waiting for the engine to idle, seconds syncing)."""
+    t0 = time.time()
+    run.pipeline.wait_idle()              # the engine's weights change only while it is idle
+    t_wait = time.time() - t0
+    t0 = time.time()
+    run.engine.load_weights(run.learner.weights_for_sync())
+    run.pipeline.pushed()
+    return t_wait, time.time() - t0
+
+
+def record_step(cfg: DictConfig, recorder: RunRecorder, tokenizer, run: RunParts, loop: LoopState, scored,
+                metrics: dict, progress: ProgressLine, last_eval: dict) -> dict:
+    """A step's periodic evaluation, samples, metrics line, progress and checkpoint; the latest
+    evaluation's metrics."""
+    t, step = cfg.trainer, loop.step
+    if t.eval_every and step % t.eval_every == 0 and not schedule_done(cfg, step, loop.samples):
+        last_eval = evaluate_and_log_samples(run.engine, tokenizer, run.eval_items, cfg, recorder, step=step)
+        metrics.update(last_eval)
+    if t.log_samples_every and step % t.log_samples_every == 0:
+        recorder.log_samples(scored.sample_rows(t.samples_per_log), step=step, kind="train")
+    recorder.log(metrics, step=step, samples=loop.samples)
+    progress.update(metrics, last_eval, group_size=int(metrics["rollout/group_size"]))
+    if t.checkpoint_every and step % t.checkpoint_every == 0:
+        checkpoint.save(recorder.run_dir, step, learner=run.learner, tokenizer=tokenizer, keep=t.keep_checkpoints,
+                        state={"samples": loop.samples, "bad_steps": loop.bad_steps, "before": loop.before,
+                               "pipeline": run.pipeline.state_dict(), "normalizer": run.normalizer.state_dict(),
+                               "recorder": recorder.state_dict()})
+    return last_eval
+
+
+def finish(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, loop: LoopState) -> dict:
+    """The evaluation after training, the final policy saved, and the run's before/after result."""
+    after = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=loop.step)
+    recorder.log(after, step=loop.step, samples=loop.samples)
+    if cfg.trainer.save_checkpoint:
+        run.learner.save(recorder.run_dir / "checkpoints" / "final", start.tokenizer)
+    run.learner.close()   # fsdp2: releases the other ranks (only after success; on failure torchrun ends them)
+    return {"before": loop.before, "after": after, "warmup": start.warmup_summary, "learner_threads": start.threads}
+
+
+def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
+    """One run: set-up, the loop of phases the module docstring names, and the evaluation after training;
+    the pipeline and the engine close however the run ends."""
+    start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
+    tokenizer, t = start.tokenizer, cfg.trainer
+    objective = OBJECTIVES.get(cfg.algorithm.objective)
+    learner, build_engine, state = start_learner(cfg, start, resume_from)
+    engine = start_engine(cfg, start, build_engine)
+    sampler = objective.make_sampler(cfg, engine, tokenizer, start.task.splits["train"])
+    run = RunParts(learner, engine, RolloutPipeline(sampler, cfg, max_staleness=t.max_staleness), objective,
+                   RewardNormalizer(cfg.algorithm.reward_ema_decay), start.task.splits[t.eval_split])
     try:
-        if state:
-            engine.load_weights(learner.weights_for_sync())
-            pipeline.load_state_dict(state["pipeline"])
-            normalizer.load_state_dict(state["normalizer"])
-            checkpoint.set_rng_state(state["rng"])
-            step, samples, bad_steps, before = state["step"], state["samples"], state["bad_steps"], state["before"]
-        else:
-            before = evaluate_and_log_samples(engine, tokenizer, eval_items, cfg, recorder, step=0)
-            log_initial_eval(recorder, start, before)
-            step = samples = bad_steps = 0
-        progress = ProgressLine(total=t.total_steps, desc=cfg.run_name, start=step)
-        last_eval = before
-        while not schedule_done(cfg, step, samples):
-            step += 1
+        loop = begin(cfg, recorder, start, run, state)
+        progress = ProgressLine(total=t.total_steps, desc=cfg.run_name, start=loop.step)
+        last_eval = loop.before
+        while not schedule_done(cfg, loop.step, loop.samples):
+            loop.step += 1
             t_step, cpu_step = time.time(), time.process_time()
-            scored, metrics = pipeline.take(step)
-            samples += int(metrics.get("rollout/generated_samples", len(scored.rollout)))
-            if not schedule_done(cfg, step, samples):
-                pipeline.prefetch(step + 1)   # max_staleness=1: the engine samples while the learner trains
+            scored, metrics = run.pipeline.take(loop.step)
+            loop.samples += int(metrics.get("rollout/generated_samples", len(scored.rollout)))
+            if not schedule_done(cfg, loop.step, loop.samples):
+                run.pipeline.prefetch(loop.step + 1)   # max_staleness=1: the engine samples while the learner trains
 
             t0 = time.time()
-            bad = not bool(torch.isfinite(scored.rewards).all())
-            if not bad:
-                batch = to_learner_batch(scored, tokenizer)
-                metrics.update(learner.score(batch))
-                batch, prep_metrics = objective.prepare(batch, a, normalizer=normalizer, step=step, seed=cfg.seed)
-                metrics.update(prep_metrics)
-                metrics.update(learner.update(batch))
-                if metrics.get("actor/empty_batch"):   # no update ran, so none was non-finite
-                    print(f"step {step}: nothing to train on (the objective left an empty batch, e.g. no preference "
-                          "pair: every group's rewards agree); this step makes no update")
-                bad = metrics.get("actor/nonfinite_updates", 0.0) > 0
-                if not learner.parameters_finite():
-                    raise NonFiniteError(f"the policy's weights became NaN/inf at step {step} (learner.lr="
-                                         f"{cfg.learner.lr:g}); lower learner.lr or set learner.grad_clip; no "
-                                         "checkpoint was written over them")
+            bad = learn(cfg, run, tokenizer, scored, metrics, loop.step)
             t_learn = time.time() - t0
             if bad:
-                bad_steps += 1
-                if bad_steps > t.max_bad_steps:
-                    raise NonFiniteError(
-                        f"{bad_steps} steps had NaN/inf rewards, losses or gradient norms (the last at step {step}); "
-                        f"more than trainer.max_bad_steps={t.max_bad_steps}. Check the reward functions and "
-                        "learner.lr; the last good policy is in the newest checkpoint")
+                count_bad_step(cfg, loop)
 
-            t0 = time.time()
-            pipeline.wait_idle()              # the engine's weights change only while it is idle
-            t_wait = time.time() - t0
-            t0 = time.time()
-            engine.load_weights(learner.weights_for_sync())
-            pipeline.pushed()
-            t_sync = time.time() - t0
+            t_wait, t_sync = push_weights(run)
 
             release_freed_host_memory()
             metrics.update(rollout_metrics(scored))
@@ -189,29 +279,13 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
                             "perf/wait_rollout_s": t_wait,
                             "perf/step_time_s": time.time() - t_step,
                             "perf/cpu_time_s": time.process_time() - cpu_step,
-                            "actor/skipped_steps": float(bad_steps)})
-            if t.eval_every and step % t.eval_every == 0 and not schedule_done(cfg, step, samples):
-                last_eval = evaluate_and_log_samples(engine, tokenizer, eval_items, cfg, recorder, step=step)
-                metrics.update(last_eval)
-            if t.log_samples_every and step % t.log_samples_every == 0:
-                recorder.log_samples(scored.sample_rows(t.samples_per_log), step=step, kind="train")
-            recorder.log(metrics, step=step, samples=samples)
-            progress.update(metrics, last_eval, group_size=int(metrics["rollout/group_size"]))
-            if t.checkpoint_every and step % t.checkpoint_every == 0:
-                checkpoint.save(recorder.run_dir, step, learner=learner, tokenizer=tokenizer, keep=t.keep_checkpoints,
-                                state={"samples": samples, "bad_steps": bad_steps, "before": before,
-                                       "pipeline": pipeline.state_dict(), "normalizer": normalizer.state_dict(),
-                                       "recorder": recorder.state_dict()})
+                            "actor/skipped_steps": float(loop.bad_steps)})
+            last_eval = record_step(cfg, recorder, tokenizer, run, loop, scored, metrics, progress, last_eval)
         progress.close()
-        after = evaluate_and_log_samples(engine, tokenizer, eval_items, cfg, recorder, step=step)
-        recorder.log(after, step=step, samples=samples)
-        if t.save_checkpoint:
-            learner.save(recorder.run_dir / "checkpoints" / "final", tokenizer)
-        learner.close()   # fsdp2: releases the other ranks (only after success; on failure torchrun ends them)
-        return {"before": before, "after": after, "warmup": start.warmup_summary, "learner_threads": start.threads}
+        return finish(cfg, recorder, start, run, loop)
     finally:
-        pipeline.close()
-        engine.close()
+        run.pipeline.close()
+        run.engine.close()
 
 
 def print_before_after(result: dict, run_dir: Path) -> None:

@@ -342,6 +342,139 @@ class _RewardCalls:
                 "reward.timeout_s if it is merely slow")
 
 
+def _check_len(name: str, vals: Any, m: int) -> list:
+    """``vals`` as a list of ``m`` entries; a reward returning anything else is a bug (RuntimeError)."""
+    try:
+        vals = list(vals)
+    except TypeError:
+        raise RuntimeError(f"reward {name!r} returned {type(vals).__name__}, not a list of {m} floats") from None
+    if len(vals) != m:
+        raise RuntimeError(f"reward {name!r} returned {len(vals)} values for {m} completions")
+    return vals
+
+
+def _extras(name: str, raw: Any, m: int) -> dict[str, list]:
+    """The per-sample ``info`` columns a reward returned, each checked to hold ``m`` entries."""
+    got = getattr(raw, "info", None) or {}
+    for key, vals in got.items():
+        if len(vals) != m:
+            raise RuntimeError(f"reward {name!r} returned info[{key!r}] with {len(vals)} entries for {m} "
+                               "completions")
+    return got
+
+
+class _Failures:
+    """The failed samples of one :func:`compute_rewards` call: the first failure per sample (for the
+    message), the error and timeout counts, and the budget of ``max_error_frac * n`` samples."""
+
+    def __init__(self, completions: list[str], *, on_error: float, max_error_frac: float):
+        self.completions, self.n = completions, len(completions)
+        self.on_error, self.max_error_frac = on_error, max_error_frac
+        self.failed: dict[int, str] = {}  # sample -> first failure
+        self.counts = {"errors": 0, "timeouts": 0}
+        self.budget = int(max_error_frac * self.n + 1e-9)  # failed samples tolerated
+
+    def fail(self, i: int, name: str, kind: str, detail: str) -> None:
+        self.counts[kind] += 1
+        self.failed.setdefault(i, f"reward {name!r} on completion {_short(self.completions[i])}: {detail}")
+
+    def one_value(self, name: str, i: int, v: Any) -> float:
+        """``v`` as a finite float, or ``on_error`` with sample ``i`` counted as failed."""
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            self.fail(i, name, "errors", f"returned {_short(v)}, not a number")
+            return self.on_error
+        if not math.isfinite(x):
+            self.fail(i, name, "errors", f"returned {x}")
+            return self.on_error
+        return x
+
+    def check_budget(self) -> None:
+        """RewardError once more samples failed than ``max_error_frac`` tolerates."""
+        if len(self.failed) <= self.budget:
+            return
+        k, n = len(self.failed), self.n
+        first = self.failed[min(self.failed)]
+        raise RewardError(
+            f"reward: {k} of {n} samples ({100 * k / max(n, 1):.1f} %) got no valid reward in this step "
+            f"(errors: {self.counts['errors']}, timeouts: {self.counts['timeouts']}), more than "
+            f"reward.max_error_frac={self.max_error_frac:g}. First failure: {first}. Fix the reward function, "
+            "raise reward.timeout_s if it is merely slow, or raise reward.max_error_frac to tolerate more")
+
+    def metrics(self) -> dict[str, float]:
+        return {"reward/errors": float(self.counts["errors"]), "reward/timeouts": float(self.counts["timeouts"]),
+                "reward/failed_frac": len(self.failed) / max(self.n, 1)}
+
+
+def _checked_specs(completions: list[str], items: Sequence[Any],
+                   specs: Sequence[tuple[str, float]]) -> list[tuple[str, float]]:
+    """``specs`` as ``(name, weight)`` pairs, after checking one item per completion, at least one
+    reward, and each reward listed once."""
+    n = len(completions)
+    if len(items) != n:
+        raise ValueError(f"{n} completions but {len(items)} items; pass one item per completion")
+    specs = [(str(name), float(w)) for name, w in specs]
+    if not specs:
+        raise ValueError("no rewards given; list at least one (name, weight), e.g. [('correctness', 1.0)]")
+    names = [s[0] for s in specs]
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise ValueError(f"rewards listed more than once: {dup}; give each reward one weight")
+    return specs
+
+
+def _score_each(name: str, call: _RewardCalls, completions: list[str], fields: dict[str, list],
+                failures: _Failures, info: dict[str, list], timeout_s: float | None) -> list[float]:
+    """Reward ``name`` called per sample, to find the samples its batch call failed on; a failed
+    sample gets ``on_error``, and the run stops as soon as the failures exceed the budget or the
+    timeouts in a row reach ``max_consecutive_timeouts``."""
+    n, vals = len(completions), []
+    for i in range(n):
+        one = {k: [v[i]] for k, v in fields.items()}
+        try:
+            raw_one = call(name, [completions[i]], one)
+            out = _check_len(name, raw_one, 1)
+            vals.append(failures.one_value(name, i, out[0]))
+            for key, col in _extras(name, raw_one, 1).items():
+                info.setdefault(f"{name}/{key}", [None] * n)[i] = col[0]
+        except RewardTimeout:
+            failures.fail(i, name, "timeouts", f"ran past reward.timeout_s={timeout_s:g}")
+            vals.append(failures.on_error)
+        except RuntimeError as e:
+            if str(e).startswith(f"reward {name!r} returned"):  # a wrong-shaped return is a bug
+                raise
+            failures.fail(i, name, "errors", f"{type(e).__name__}: {e}")
+            vals.append(failures.on_error)
+        except Exception as e:
+            failures.fail(i, name, "errors", f"{type(e).__name__}: {e}")
+            vals.append(failures.on_error)
+        failures.check_budget()
+        call.check_streak(name)
+    return vals
+
+
+def _score(name: str, call: _RewardCalls, completions: list[str], fields: dict[str, list],
+           failures: _Failures, info: dict[str, list], timeout_s: float | None) -> list[float]:
+    """Reward ``name``'s unweighted values: one call on the whole batch, or per sample when it fails."""
+    n = len(completions)
+    try:
+        raw = call(name, completions, fields)
+        batch_failure = None
+    except RewardTimeout:
+        call.check_streak(name)
+        batch_failure = f"timed out on the batch (reward.timeout_s={timeout_s:g})"
+    except Exception as e:  # contained: found per sample below
+        batch_failure = f"{type(e).__name__}: {e}"
+    if batch_failure is not None:
+        log.warning("reward %r failed on the whole batch (%s); scoring each sample alone", name, batch_failure)
+        return _score_each(name, call, completions, fields, failures, info, timeout_s)
+    vals = [failures.one_value(name, i, v) for i, v in enumerate(_check_len(name, raw, n))]
+    for key, col in _extras(name, raw, n).items():
+        info[f"{name}/{key}"] = list(col)
+    return vals
+
+
 def compute_rewards(
     completions: list[str],
     items: Sequence[Any],
@@ -380,16 +513,8 @@ def compute_rewards(
     whose ``may_hang`` fact is true, here for the others.
     """
     n = len(completions)
-    if len(items) != n:
-        raise ValueError(f"{n} completions but {len(items)} items; pass one item per completion")
-    specs = [(str(name), float(w)) for name, w in specs]
-    if not specs:
-        raise ValueError("no rewards given; list at least one (name, weight), e.g. [('correctness', 1.0)]")
-    names = [s[0] for s in specs]
-    dup = sorted({x for x in names if names.count(x) > 1})
-    if dup:
-        raise ValueError(f"rewards listed more than once: {dup}; give each reward one weight")
-    fns = {name: REWARDS.get(name) for name in names}  # registered, or a plug-in 'package.module:function'
+    specs = _checked_specs(completions, items, specs)
+    fns = {name: REWARDS.get(name) for name, _ in specs}  # registered, or a plug-in 'package.module:function'
     fields = reward_fields(items)
     settings = dict(settings or {})
     clash = sorted(set(settings) & set(fields))
@@ -398,99 +523,16 @@ def compute_rewards(
     call = _RewardCalls(fns, settings, timeout_s=timeout_s, isolation=isolation,
                         max_consecutive_timeouts=max_consecutive_timeouts)
     completions = list(completions)
+    failures = _Failures(completions, on_error=on_error, max_error_frac=max_error_frac)
     info: dict[str, list] = {}
-
-    def extras(name: str, raw: Any, m: int) -> dict[str, list]:
-        got = getattr(raw, "info", None) or {}
-        for key, vals in got.items():
-            if len(vals) != m:
-                raise RuntimeError(f"reward {name!r} returned info[{key!r}] with {len(vals)} entries for {m} "
-                                   "completions")
-        return got
-    failed: dict[int, str] = {}  # sample -> first failure, for the message
-    counts = {"errors": 0, "timeouts": 0}
-    budget = int(max_error_frac * n + 1e-9)  # failed samples tolerated
-
-    def give_up() -> None:
-        k = len(failed)
-        first = failed[min(failed)]
-        raise RewardError(
-            f"reward: {k} of {n} samples ({100 * k / max(n, 1):.1f} %) got no valid reward in this step "
-            f"(errors: {counts['errors']}, timeouts: {counts['timeouts']}), more than "
-            f"reward.max_error_frac={max_error_frac:g}. First failure: {first}. Fix the reward function, "
-            "raise reward.timeout_s if it is merely slow, or raise reward.max_error_frac to tolerate more")
-
-    def fail(i: int, name: str, kind: str, detail: str) -> None:
-        counts[kind] += 1
-        failed.setdefault(i, f"reward {name!r} on completion {_short(completions[i])}: {detail}")
-
-    def check_len(name: str, vals: Any, m: int) -> list:
-        try:
-            vals = list(vals)
-        except TypeError:
-            raise RuntimeError(f"reward {name!r} returned {type(vals).__name__}, not a list of {m} floats") from None
-        if len(vals) != m:
-            raise RuntimeError(f"reward {name!r} returned {len(vals)} values for {m} completions")
-        return vals
-
-    def one_value(name: str, i: int, v: Any) -> float:
-        try:
-            x = float(v)
-        except (TypeError, ValueError):
-            fail(i, name, "errors", f"returned {_short(v)}, not a number")
-            return on_error
-        if not math.isfinite(x):
-            fail(i, name, "errors", f"returned {x}")
-            return on_error
-        return x
-
     total = [0.0] * n
     per: dict[str, list[float]] = {}
     for name, w in specs:
-        try:
-            raw = call(name, completions, fields)
-            batch_failure = None
-        except RewardTimeout:
-            call.check_streak(name)
-            batch_failure = f"timed out on the batch (reward.timeout_s={timeout_s:g})"
-        except Exception as e:  # contained: found per sample below
-            batch_failure = f"{type(e).__name__}: {e}"
-        if batch_failure is None:
-            vals = [one_value(name, i, v) for i, v in enumerate(check_len(name, raw, n))]
-            for key, col in extras(name, raw, n).items():
-                info[f"{name}/{key}"] = list(col)
-        else:
-            log.warning("reward %r failed on the whole batch (%s); scoring each sample alone", name, batch_failure)
-            vals = []
-            for i in range(n):
-                one = {k: [v[i]] for k, v in fields.items()}
-                try:
-                    raw_one = call(name, [completions[i]], one)
-                    out = check_len(name, raw_one, 1)
-                    vals.append(one_value(name, i, out[0]))
-                    for key, col in extras(name, raw_one, 1).items():
-                        info.setdefault(f"{name}/{key}", [None] * n)[i] = col[0]
-                except RewardTimeout:
-                    fail(i, name, "timeouts", f"ran past reward.timeout_s={timeout_s:g}")
-                    vals.append(on_error)
-                except RuntimeError as e:
-                    if str(e).startswith(f"reward {name!r} returned"):
-                        raise
-                    fail(i, name, "errors", f"{type(e).__name__}: {e}")
-                    vals.append(on_error)
-                except Exception as e:
-                    fail(i, name, "errors", f"{type(e).__name__}: {e}")
-                    vals.append(on_error)
-                if len(failed) > budget:
-                    give_up()
-                call.check_streak(name)
-        if len(failed) > budget:
-            give_up()
+        vals = _score(name, call, completions, fields, failures, info, timeout_s)
+        failures.check_budget()
         per[name] = vals
         total = [t + w * v for t, v in zip(total, vals)]
-    metrics = {"reward/errors": float(counts["errors"]), "reward/timeouts": float(counts["timeouts"]),
-               "reward/failed_frac": len(failed) / max(n, 1)}
-    return RewardResult(total, per, metrics, info)
+    return RewardResult(total, per, failures.metrics(), info)
 
 
 def contained_settings(reward_cfg: Any) -> dict[str, Any]:

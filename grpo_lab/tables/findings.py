@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, paired_diff_ci, t_ppf, welch_diff_ci
 from grpo_lab.report.stats import seeds_for_half_width
@@ -123,8 +124,32 @@ def block_value(group, key: str) -> str | None:
     return values.pop() if values else None
 
 
-def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
-    """One comparison: every row of `groups` against the baseline row among them."""
+@dataclass
+class _Block:
+    """The comparisons of one block: its rows, the scored ones (a completed seed or more), the baseline
+    and best row, and each other row's Δ to the baseline (greedy, mean@k) and the paper's direction."""
+    spec: TableSpec
+    rows: list[dict]
+    scored: list[dict]
+    paper: dict
+    base: dict
+    best: dict
+    multi: bool
+    diffs: dict
+    with_sampled: bool
+    sampled_diffs: dict
+    directions: dict
+    halves: list[float]
+    seeds_needed: int | None
+    seeds_run: int
+
+    @property
+    def with_direction(self) -> bool:
+        return any(self.directions.values())
+
+
+def _block_rows(groups: list) -> list[dict]:
+    """Per group: the final greedy accuracy (and mean@k, where measured) of each completed seed."""
     rows = []
     for g in groups:
         by_seed = {r.seed: v for r in g.runs_for_stats() if (v := final_value(r, ACC)) is not None}
@@ -133,117 +158,141 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
         mean, half, n = mean_ci(accs)
         rows.append({"group": g, "label": g.label, "accs": accs, "by_seed": by_seed, "mean": mean, "half": half,
                      "n": n, "sampled": {"accs": list(sampled.values()), "by_seed": sampled}})
-    scored = [r for r in rows if r["n"] > 0]
-    if not scored:
-        return ("**What we found:** no run completed, so there is nothing to compare (see the failed runs "
-                "below).", {"best": None})
+    return rows
+
+
+def _compare(spec: TableSpec, rows: list[dict], scored: list[dict]) -> _Block:
     paper = {v.name: v.paper for v in spec.variants if v.paper is not None}
     if spec.sft_control and spec.sft_control.paper:
         paper["sft_control"] = spec.sft_control.paper
-
     base = next((r for r in scored if spec.baseline is not None and selects(spec.baseline, r["group"])), scored[0])
-    best = max(scored, key=lambda r: r["mean"])
-    multi = all(r["n"] >= 2 for r in scored)
     diffs = {id(r): difference(r, base) for r in scored if r is not base}
     # mean@k at the rollout temperature, where the runs measured it (trainer.eval_sampled_k > 0)
-    with_sampled = any(r["sampled"]["accs"] for r in scored)
     sampled_diffs = {id(r): difference(r["sampled"], base["sampled"]) for r in scored
                      if r is not base and r["sampled"]["accs"] and base["sampled"]["accs"]}
-    directions = {id(r): paper_direction(spec, r["group"], base["group"], paper) for r in scored if r is not base}
-    with_direction = any(directions.values())
-    verdicts: dict[str, dict] = {}
-    halves = [dh for _, dh, _ in diffs.values() if not math.isnan(dh)]
     # Seeds that would bring every paired Δ of this block to ±TARGET_HALF_WIDTH, at the spread observed
     # (sd of the per-seed differences = half·√n / t_{n−1}).
     needed = [seeds_for_half_width(dh * math.sqrt(n) / t_ppf(0.975, n - 1), TARGET_HALF_WIDTH)
               for _, dh, n in (paired_diff_ci(r["by_seed"], base["by_seed"]) for r in scored if r is not base)
               if n >= 2]
-    seeds_needed = None if not needed or None in needed else max(needed)
-    seeds_run = max(r["n"] for r in scored)
-    how = sorted({k for _, _, k in diffs.values()})
+    return _Block(
+        spec=spec, rows=rows, scored=scored, paper=paper, base=base, best=max(scored, key=lambda r: r["mean"]),
+        multi=all(r["n"] >= 2 for r in scored), diffs=diffs,
+        with_sampled=any(r["sampled"]["accs"] for r in scored), sampled_diffs=sampled_diffs,
+        directions={id(r): paper_direction(spec, r["group"], base["group"], paper) for r in scored if r is not base},
+        halves=[dh for _, dh, _ in diffs.values() if not math.isnan(dh)],
+        seeds_needed=None if not needed or None in needed else max(needed),
+        seeds_run=max(r["n"] for r in scored))
+
+
+def _table_head(b: _Block) -> list[str]:
+    """The sentence that says how the numbers were computed, and the table's header lines."""
+    how = sorted({k for _, _, k in b.diffs.values()})
     lines = ["**What we found** (computed from the runs below: final greedy held-out accuracy, mean ± 95% CI "
              "over completed seeds; Δ = difference to the baseline row, "
              + ("paired by seed" if how == ["paired"] else "/".join(how) or "none") + ", with its 95% CI"
-             + (f"; widest Δ half-width in this table: **{100 * max(halves):.1f} pp**" if halves else "")
+             + (f"; widest Δ half-width in this table: **{100 * max(b.halves):.1f} pp**" if b.halves else "")
              + (f"; seeds for ±{100 * TARGET_HALF_WIDTH:.1f} pp on every row at the spread observed: "
-                f"**{seeds_needed}** (ran {seeds_run})" if seeds_needed else "") + "):", ""]
-    with_paper = bool(paper)
-    head = ("| Row |" + ((" Paper" + (f" ({spec.paper_metric})" if spec.paper_metric else "") + " |") if with_paper
-                         else "") + " Ours: final acc. (%) | Δ vs baseline (pp) |"
+                f"**{b.seeds_needed}** (ran {b.seeds_run})" if b.seeds_needed else "") + "):", ""]
+    with_paper, with_sampled, with_direction = bool(b.paper), b.with_sampled, b.with_direction
+    head = ("| Row |" + ((" Paper" + (f" ({b.spec.paper_metric})" if b.spec.paper_metric else "") + " |")
+                         if with_paper else "") + " Ours: final acc. (%) | Δ vs baseline (pp) |"
             + (" Ours: final mean@k (%) | Δ mean@k (pp) |" if with_sampled else "")
             + (" Paper's direction | Ours reproduces it? (greedy" + ("; mean@k" if with_sampled else "") + ") |"
                if with_direction else ""))
-    lines += [head, "|---|" + ("---:|" if with_paper else "") + "---:|---:|" + ("---:|---:|" if with_sampled else "")
-              + ("---|---|" if with_direction else "")]
-    for r in rows:
-        name = group_variant(r["group"]) or r["label"]
-        p = f" {paper.get(group_variant(r['group']) or '', '–')} |" if with_paper else ""
-        empty = " – |" * ((2 if with_sampled else 0) + (2 if with_direction else 0))
-        if r["n"] == 0:
-            lines.append(f"| {name} |{p} – (no completed run) | – |{empty}")
-            continue
-        ours = _mean_text(r["accs"])
-        sampled = f" {_mean_text(r['sampled']['accs'])} |" if with_sampled else ""
-        if r is base:
-            lines.append(f"| {name} (baseline) |{p} {ours} | 0 |" + (f"{sampled} 0 |" if with_sampled else "")
-                         + (" – | – |" if with_direction else ""))
-            continue
-        dtxt = _diff_text(*diffs[id(r)][:2])
-        if with_sampled:
-            sampled += f" {_diff_text(*sampled_diffs[id(r)][:2]) if id(r) in sampled_diffs else '–'} |"
-        direction, verdict = directions[id(r)], ""
-        if with_direction:
-            said = [direction_verdict(direction, *diffs[id(r)][:2])] if direction else []
-            if direction and with_sampled:
-                said.append(direction_verdict(direction, *sampled_diffs[id(r)][:2]) if id(r) in sampled_diffs
-                            else "–")
-            if direction:
-                verdicts[name] = dict(zip(("paper", "greedy", "sampled"), [direction, *said]))
-            verdict = f" {direction or '–'} | {'; '.join(said) or '–'} |"
-        lines.append(f"| {name} |{p} {ours} | {dtxt} |{sampled}{verdict}")
-    lines.append("")
-    best_name = group_variant(best["group"]) or best["label"]
-    base_name = group_variant(base["group"]) or base["label"]
-    tied = [group_variant(r["group"]) or r["label"] for r in scored if r["mean"] == best["mean"]]
+    return lines + [head, "|---|" + ("---:|" if with_paper else "") + "---:|---:|"
+                    + ("---:|---:|" if with_sampled else "") + ("---|---|" if with_direction else "")]
+
+
+def _table_line(b: _Block, r: dict, verdicts: dict[str, dict]) -> str:
+    """Row ``r``'s table line; its verdict on the paper's direction goes into ``verdicts``."""
+    with_sampled, with_direction = b.with_sampled, b.with_direction
+    name = group_variant(r["group"]) or r["label"]
+    p = f" {b.paper.get(group_variant(r['group']) or '', '–')} |" if b.paper else ""
+    empty = " – |" * ((2 if with_sampled else 0) + (2 if with_direction else 0))
+    if r["n"] == 0:
+        return f"| {name} |{p} – (no completed run) | – |{empty}"
+    ours = _mean_text(r["accs"])
+    sampled = f" {_mean_text(r['sampled']['accs'])} |" if with_sampled else ""
+    if r is b.base:
+        return (f"| {name} (baseline) |{p} {ours} | 0 |" + (f"{sampled} 0 |" if with_sampled else "")
+                + (" – | – |" if with_direction else ""))
+    dtxt = _diff_text(*b.diffs[id(r)][:2])
+    if with_sampled:
+        sampled += f" {_diff_text(*b.sampled_diffs[id(r)][:2]) if id(r) in b.sampled_diffs else '–'} |"
+    direction, verdict = b.directions[id(r)], ""
+    if with_direction:
+        said = [direction_verdict(direction, *b.diffs[id(r)][:2])] if direction else []
+        if direction and with_sampled:
+            said.append(direction_verdict(direction, *b.sampled_diffs[id(r)][:2]) if id(r) in b.sampled_diffs
+                        else "–")
+        if direction:
+            verdicts[name] = dict(zip(("paper", "greedy", "sampled"), [direction, *said]))
+        verdict = f" {direction or '–'} | {'; '.join(said) or '–'} |"
+    return f"| {name} |{p} {ours} | {dtxt} |{sampled}{verdict}"
+
+
+def _best_sentence(b: _Block, tied: list[str], best_name: str, base_name: str) -> str:
+    """The best row, and whether its lead over the baseline is evidence of a difference."""
+    best, base = b.best, b.base
     summary = f"Best mean final accuracy: **{best_name}** ({_pct(best['mean'])}%)"
     if len(tied) > 1:
-        summary = f"Best mean final accuracy: a tie at {_pct(best['mean'])}% between {', '.join(tied)}."
-    elif best is not base:
-        d, dh, _ = diffs[id(best)]
-        if math.isnan(dh):
-            summary += (f", {100 * d:+.1f} pp over the baseline {base_name}; with one seed per row there is no "
-                        "confidence interval, so this ordering is not evidence of a difference.")
-        elif abs(d) <= dh:
-            summary += (f", {100 * d:+.1f} ± {100 * dh:.1f} pp over the baseline {base_name}: the 95% CI of the "
-                        "difference includes 0, so at this scale and seed count we cannot tell them apart.")
-        else:
-            summary += f", {100 * d:+.1f} ± {100 * dh:.1f} pp over the baseline {base_name} (CI excludes 0)."
-    else:
-        summary += " — the baseline itself."
-    numeric = {k: x for k, v in paper.items() if (x := _number(v)) is not None}
+        return f"Best mean final accuracy: a tie at {_pct(best['mean'])}% between {', '.join(tied)}."
+    if best is base:
+        return summary + " — the baseline itself."
+    d, dh, _ = b.diffs[id(best)]
+    if math.isnan(dh):
+        return summary + (f", {100 * d:+.1f} pp over the baseline {base_name}; with one seed per row there is no "
+                          "confidence interval, so this ordering is not evidence of a difference.")
+    if abs(d) <= dh:
+        return summary + (f", {100 * d:+.1f} ± {100 * dh:.1f} pp over the baseline {base_name}: the 95% CI of the "
+                          "difference includes 0, so at this scale and seed count we cannot tell them apart.")
+    return summary + f", {100 * d:+.1f} ± {100 * dh:.1f} pp over the baseline {base_name} (CI excludes 0)."
+
+
+def _summary(b: _Block, verdicts: dict[str, dict], best_name: str, base_name: str) -> str:
+    """The closing paragraph: best row, the paper's best row, the ladder's steps, caveats, directions."""
+    tied = [group_variant(r["group"]) or r["label"] for r in b.scored if r["mean"] == b.best["mean"]]
+    summary = _best_sentence(b, tied, best_name, base_name)
+    numeric = {k: x for k, v in b.paper.items() if (x := _number(v)) is not None}
     if numeric:
         paper_best = max(numeric, key=numeric.get)
         agree = "is a tie" if len(tied) > 1 else ("agrees" if paper_best == best_name else "differs")
         summary += f" The paper's best row is **{paper_best}**; our best {agree}."
-    if spec.cumulative and multi:
+    if b.spec.cumulative and b.multi:
         steps = []
-        for prev, cur in zip(scored, scored[1:]):
+        for prev, cur in zip(b.scored, b.scored[1:]):
             d, dh, _ = difference(cur, prev)
             steps.append(f"{group_variant(prev['group'])} → {group_variant(cur['group'])} "
                          f"{100 * d:+.1f} ± {100 * dh:.1f}")
         summary += " Step-by-step change along the ladder (pp vs the previous rung): " + "; ".join(steps) + "."
-    if not multi:
+    if not b.multi:
         summary += " (Some rows have a single completed seed: read differences as anecdotes.)"
     if verdicts:
         summary += " " + direction_summary(verdicts)
-    lines.append(summary)
+    return summary
+
+
+def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str, dict]:
+    """One comparison: every row of `groups` against the baseline row among them."""
+    rows = _block_rows(groups)
+    scored = [r for r in rows if r["n"] > 0]
+    if not scored:
+        return ("**What we found:** no run completed, so there is nothing to compare (see the failed runs "
+                "below).", {"best": None})
+    b = _compare(spec, rows, scored)
+    verdicts: dict[str, dict] = {}
+    lines = _table_head(b) + [_table_line(b, r, verdicts) for r in rows] + [""]
+    best_name = group_variant(b.best["group"]) or b.best["label"]
+    base_name = group_variant(b.base["group"]) or b.base["label"]
+    lines.append(_summary(b, verdicts, best_name, base_name))
     return "\n".join(lines), {"best": best_name, "baseline": base_name,
                               "rows": {group_variant(r["group"]) or r["label"]: r["mean"] for r in scored},
-                              "diff_vs_baseline": {group_variant(r["group"]) or r["label"]: diffs[id(r)][:2]
-                                                   for r in scored if r is not base},
-                              "max_diff_half_width": max(halves) if halves else None,
-                              "seeds_for_target_half_width": seeds_needed,
-                              "seeds_run": seeds_run,
+                              "diff_vs_baseline": {group_variant(r["group"]) or r["label"]: b.diffs[id(r)][:2]
+                                                   for r in scored if r is not b.base},
+                              "max_diff_half_width": max(b.halves) if b.halves else None,
+                              "seeds_for_target_half_width": b.seeds_needed,
+                              "seeds_run": b.seeds_run,
                               "paper_direction": verdicts}
 
 

@@ -286,6 +286,19 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
     errors: list[str] = []
     spec = _typed_spec(raw, errors)
     spec.name, spec.path = path.stem, path
+    _check_texts_and_seeds(raw, spec, errors)
+    _check_fixed_and_sweep(spec, errors)
+    names = _check_variants(spec, errors)
+    _check_selectors(spec, names, errors)
+    _check_report_keys(spec, errors)
+    _check_sft_control(spec, names, errors)
+    if errors:
+        raise TableSpecError(f"{path}:\n  - " + "\n  - ".join(errors))
+    return spec
+
+
+def _check_texts_and_seeds(raw: dict, spec: TableSpec, errors: list[str]) -> None:
+    """The required texts (stripped), the experiment file, the seeds and checkpoint_every."""
     for req in ("title", "paper_finding"):
         if isinstance(raw.get(req), str) and not raw[req].strip():
             errors.append(f"`{req}` is required (text)")
@@ -301,6 +314,10 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
 
     if spec.checkpoint_every < 0:
         errors.append(f"`checkpoint_every` must be {EXPECTED['checkpoint_every']}, got {spec.checkpoint_every}")
+
+
+def _check_fixed_and_sweep(spec: TableSpec, errors: list[str]) -> None:
+    """The fixed and smoke overrides; the sweep, each key's values made one comma list."""
     check_overrides(spec.fixed, "fixed", errors)
     check_overrides(spec.smoke, "smoke", errors)
     sweep = {}
@@ -314,6 +331,10 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
         check_overrides([f"{k}={v}"], f"sweep.{k}", errors, allow_sweep=True)
     spec.sweep = sweep
 
+
+def _check_variants(spec: TableSpec, errors: list[str]) -> list[str]:
+    """The variants' names and overrides, and no key set both by a variant and on the command line;
+    the variant names."""
     for i, v in enumerate(spec.variants):
         if not NAME_RE.match(v.name):
             errors.append(f"variants[{i}]: name must be an identifier (letters, digits, _ . -), got {v.name!r}")
@@ -342,7 +363,11 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
     for k in spec.sweep:
         if override_key(k) in fixed_keys:
             errors.append(f"sweep key {k!r} is also in `fixed`; remove one")
+    return names
 
+
+def _check_selectors(spec: TableSpec, names: list[str], errors: list[str]) -> None:
+    """The baseline and every paper_direction selector name a variant or a sweep value."""
     b = spec.baseline
     if b is not None and "=" not in b and b not in names and b != "sft_control":
         errors.append(f"baseline {b!r} is not a variant; variants: {', '.join(names)}")
@@ -355,6 +380,10 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
             elif v is not None and v not in spec.sweep.get(k, "").split(","):
                 errors.append(f"paper_direction: {f'{k}={v}'!r} selects no row; sweep values: "
                               + (", ".join(f"{sk}={sv}" for sk, sv in spec.sweep.items()) or "(no sweep)"))
+
+
+def _check_report_keys(spec: TableSpec, errors: list[str]) -> None:
+    """group_by, columns, target, x, and the lab_only_sweep and within keys."""
     if spec.group_by is not None and not spec.group_by:
         errors.append("`group_by` must be a non-empty list of dotted config keys or null, got []")
     if spec.columns is not None:
@@ -379,6 +408,10 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
             errors.append(f"within: {k!r} is not a sweep key; sweep keys: {', '.join(spec.sweep) or '(none)'}")
         elif spec.group_by is not None and k not in spec.group_by:
             errors.append(f"within: {k!r} must also be in group_by, or rows of different blocks would merge")
+
+
+def _check_sft_control(spec: TableSpec, names: list[str], errors: list[str]) -> None:
+    """The matched-compute SFT control names a variant and has a positive budget."""
     sft = spec.sft_control
     if sft is not None:
         if sft.match not in names:
@@ -388,6 +421,3 @@ def load_spec(name_or_path: str | os.PathLike) -> TableSpec:
             errors.append(f"sft_control.wall_time_s must be > 0 seconds or null, got {sft.wall_time_s!r}")
         if sft.evals < 0:
             errors.append(f"sft_control.evals must be an integer >= 0, got {sft.evals!r}")
-    if errors:
-        raise TableSpecError(f"{path}:\n  - " + "\n  - ".join(errors))
-    return spec

@@ -37,6 +37,7 @@ different answers is a warning (file and count named), logged once per load.
 
 from __future__ import annotations
 
+import functools
 import json
 import hashlib
 import logging
@@ -259,6 +260,123 @@ def local_dataset_label(t: Any) -> str:
     return next((name[: -len(ext)] for ext in FILE_BUILDERS if name.endswith(ext)), name) or "local_dataset"
 
 
+def _resolve_path(path: Any, splits: Mapping[str, str] | None) -> tuple[Any, Mapping[str, str] | None]:
+    """``(path, splits)`` with files named in ``splits`` moved to ``path`` (their keys are then our
+    split names); the files come from one of the two, never both."""
+    if path is None:
+        path = _split_files(splits)
+        if path is None:
+            raise ValueError("local_dataset needs path=<file, directory or hub name>, or splits={train: a.jsonl, "
+                             "...} naming files")
+        splits = None  # the files' keys are our split names
+    elif _split_files(splits) is not None:
+        raise ValueError(f"give the files either in path or in splits, not both (path={path!r}, splits={dict(splits)})")
+    return path, splits
+
+
+def _check_local_files(path: Any, needed: list[str]) -> dict[str, str]:
+    """The data files named by ``path`` (key: our split name, or "" for one file), each local JSONL
+    file checked line by line for the ``needed`` fields."""
+    files = dict(path) if isinstance(path, Mapping) else {"": str(path)}
+    for f in files.values():
+        if str(f).endswith(".jsonl") and Path(str(f)).expanduser().is_file():
+            check_jsonl(Path(str(f)).expanduser(), needed)
+    return files
+
+
+def _split_mapping(source: Any, splits: Mapping[str, str] | None, path: Any) -> dict[str, str]:
+    """Our split name -> the source's split: ``splits`` as given, the others found by their usual
+    names (``DEFAULT_SOURCE_SPLITS``); a train split is required."""
+    mapping = dict(splits) if splits is not None else {}
+    for ours in SPLITS:
+        if ours not in mapping:
+            found = next((s for s in DEFAULT_SOURCE_SPLITS[ours] if s in source), None)
+            if found is not None:
+                mapping[ours] = found
+    for ours, src in mapping.items():
+        if ours not in SPLITS:
+            raise ValueError(f"splits keys must be among {SPLITS}, got {ours!r}")
+        if src not in source:
+            raise ValueError(f"splits[{ours!r}]={src!r} is not a split of {path!r}; it has {sorted(source)}")
+    if "train" not in mapping:
+        raise ValueError(f"{path!r} has no train split (splits: {sorted(source)}); set splits.train=<name>")
+    return mapping
+
+
+def _check_split_rows(ds: Any, path: Any, ours: str, s_name: str, needed: list[str], prompt_field: str,
+                      answer_field: str, answer_format: str) -> None:
+    """ValueError naming the row and the fix when source split ``s_name`` is empty, lacks a needed
+    column, has a row with a needed field empty, or a row whose reference answer reads as none."""
+    if len(ds) == 0:
+        raise ValueError(f"{path!r}: the {s_name!r} split (our {ours} split) has no rows; every split must hold "
+                         "data (or leave dev/test out of task.splits to carve them from train)")
+    columns = set(ds.column_names)
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        raise ValueError(f"{path!r}, split {s_name!r}, lacks columns {missing}; its columns are "
+                         f"{sorted(columns)}. Set task.prompt_field / task.answer_field / task.solution_field "
+                         "to the right names")
+    for i, r in enumerate(ds):
+        for c in needed:
+            v = r.get(c)
+            if v is None or (isinstance(v, float) and v != v) or (c == prompt_field and not str(v).strip()):
+                raise ValueError(f"{path!r}, split {s_name!r}, row {i + 1}: the {c!r} field is empty or "
+                                 "missing; every row needs it")
+        ans = reference_answer(r[answer_field], answer_format)
+        if ans.strip().lower() in _NO_ANSWER:
+            raise ValueError(f"{path!r}, split {s_name!r}, row {i + 1}: the reference answer read from "
+                             f"{answer_field!r} ({str(r[answer_field])[-80:]!r}) is {ans!r}; fix the row, or "
+                             "point task.answer_field at the column holding the answer")
+
+
+def _rows(ds: Any) -> list[dict[str, Any]]:
+    return [dict(r) for r in ds]
+
+
+def _carve_splits(source: Any, mapping: dict[str, str], sizes: dict[str, int | None], prompt_field: str,
+                  seed: int) -> tuple[dict[str, list[dict[str, Any]]], int, list[str]]:
+    """The rows of each split (train not yet cut to train_size), how many source-train rows repeated a
+    given dev/test prompt, and the splits carved from train."""
+    train_rows = _rows(source[mapping["train"]])
+    raw: dict[str, list[dict[str, Any]]] = {}
+    for s in ("dev", "test"):
+        if s in mapping:
+            raw[s] = _rows(source[mapping[s]])
+            if sizes[s] is not None:
+                raw[s] = raw[s][: int(sizes[s])]
+    # Source-train rows that repeat a given dev/test prompt are dropped BEFORE carving, so a carved
+    # dev split cannot pick up a test prompt either.
+    given = {str(r[prompt_field]) for s in raw for r in raw[s]}
+    n_source = len(train_rows)
+    train_rows = [r for r in train_rows if str(r[prompt_field]) not in given]
+    removed_before_carving = n_source - len(train_rows)
+    carved = [s for s in ("test", "dev") if s not in mapping]
+    if carved:
+        random.Random(seed).shuffle(train_rows)
+        for s in carved:
+            n = sizes[s]
+            if n is None:
+                raise ValueError(f"{s}_size must be set: the {s} split is carved from the train split")
+            if n >= len(train_rows):
+                raise ValueError(f"cannot carve {s}_size={n} items from {len(train_rows)} train rows")
+            raw[s], train_rows = train_rows[:n], train_rows[n:]
+    raw["train"] = train_rows
+    return raw, removed_before_carving, carved
+
+
+def _task_item(r: dict[str, Any], *, prompt_field: str, answer_field: str, solution_field: str | None,
+               answer_format: str, prompt_template: str, extra_fields: Sequence[str]) -> TaskItem:
+    answer = reference_answer(r[answer_field], answer_format)
+    if solution_field:
+        sol_raw = str(r[solution_field])
+        solution = sol_raw if answer_format == "plain" else format_solution(answer, answer_format, sol_raw)
+    else:
+        solution = format_solution(answer, answer_format)
+    fields = {"answer_format": answer_format, **{k: r[k] for k in extra_fields}}
+    return TaskItem(prompt=prompt_template.replace("{prompt}", str(r[prompt_field])), answer=answer,
+                    solution=solution, fields=fields)
+
+
 @TASKS.register("local_dataset", check=check_local_dataset, run_label=local_dataset_label)
 def local_dataset_task(
     *,
@@ -285,107 +403,28 @@ def local_dataset_task(
     """
     defaulted = answer_format is None
     answer_format = check_answer_format(answer_format or "plain")
-    if path is None:
-        path = _split_files(splits)
-        if path is None:
-            raise ValueError("local_dataset needs path=<file, directory or hub name>, or splits={train: a.jsonl, "
-                             "...} naming files")
-        splits = None  # the files' keys are our split names
-    elif _split_files(splits) is not None:
-        raise ValueError(f"give the files either in path or in splits, not both (path={path!r}, splits={dict(splits)})")
+    path, splits = _resolve_path(path, splits)
     if "{prompt}" not in prompt_template:
         raise ValueError(f"prompt_template must contain '{{prompt}}', got {prompt_template!r}")
     needed = [prompt_field, answer_field, *([solution_field] if solution_field else []), *extra_fields]
-    files = dict(path) if isinstance(path, Mapping) else {"": str(path)}
-    for f in files.values():
-        if str(f).endswith(".jsonl") and Path(str(f)).expanduser().is_file():
-            check_jsonl(Path(str(f)).expanduser(), needed)
+    files = _check_local_files(path, needed)
     source = load_source(path, hub_config)
-    sizes = {"train": train_size, "dev": dev_size, "test": test_size}
-    mapping = dict(splits) if splits is not None else {}
-    for ours in SPLITS:
-        if ours not in mapping:
-            found = next((s for s in DEFAULT_SOURCE_SPLITS[ours] if s in source), None)
-            if found is not None:
-                mapping[ours] = found
-    for ours, src in mapping.items():
-        if ours not in SPLITS:
-            raise ValueError(f"splits keys must be among {SPLITS}, got {ours!r}")
-        if src not in source:
-            raise ValueError(f"splits[{ours!r}]={src!r} is not a split of {path!r}; it has {sorted(source)}")
-    if "train" not in mapping:
-        raise ValueError(f"{path!r} has no train split (splits: {sorted(source)}); set splits.train=<name>")
-
-    def rows(ds: Any) -> list[dict[str, Any]]:
-        return [dict(r) for r in ds]
-
+    mapping = _split_mapping(source, splits, path)
     # Every source split we use, every row: before any model loads (module docstring).
     for ours in ("train", "dev", "test"):
-        if ours not in mapping:
-            continue
-        s_name = mapping[ours]
-        ds = source[s_name]
-        if len(ds) == 0:
-            raise ValueError(f"{path!r}: the {s_name!r} split (our {ours} split) has no rows; every split must hold "
-                             "data (or leave dev/test out of task.splits to carve them from train)")
-        columns = set(ds.column_names)
-        missing = [c for c in needed if c not in columns]
-        if missing:
-            raise ValueError(f"{path!r}, split {s_name!r}, lacks columns {missing}; its columns are "
-                             f"{sorted(columns)}. Set task.prompt_field / task.answer_field / task.solution_field "
-                             "to the right names")
-        for i, r in enumerate(ds):
-            for c in needed:
-                v = r.get(c)
-                if v is None or (isinstance(v, float) and v != v) or (c == prompt_field and not str(v).strip()):
-                    raise ValueError(f"{path!r}, split {s_name!r}, row {i + 1}: the {c!r} field is empty or "
-                                     "missing; every row needs it")
-            ans = reference_answer(r[answer_field], answer_format)
-            if ans.strip().lower() in _NO_ANSWER:
-                raise ValueError(f"{path!r}, split {s_name!r}, row {i + 1}: the reference answer read from "
-                                 f"{answer_field!r} ({str(r[answer_field])[-80:]!r}) is {ans!r}; fix the row, or "
-                                 "point task.answer_field at the column holding the answer")
-
+        if ours in mapping:
+            _check_split_rows(source[mapping[ours]], path, ours, mapping[ours], needed, prompt_field,
+                              answer_field, answer_format)
     # Every source split we use, once each (two of ours may read the same one).
     warn_conflicting_duplicates(path, [source[n] for n in dict.fromkeys(mapping.values())], prompt_field,
                                 answer_field, answer_format)
-    train_rows = rows(source[mapping["train"]])
-
-    raw: dict[str, list[dict[str, Any]]] = {}
-    for s in ("dev", "test"):
-        if s in mapping:
-            raw[s] = rows(source[mapping[s]])
-            if sizes[s] is not None:
-                raw[s] = raw[s][: int(sizes[s])]
-    # Drop source-train rows that repeat a given dev/test prompt BEFORE carving, so a carved dev
-    # split cannot pick up a test prompt either.
-    given = {str(r[prompt_field]) for s in raw for r in raw[s]}
-    n_source = len(train_rows)
-    train_rows = [r for r in train_rows if str(r[prompt_field]) not in given]
-    removed_before_carving = n_source - len(train_rows)
-    carved = [s for s in ("test", "dev") if s not in mapping]
-    if carved:
-        random.Random(seed).shuffle(train_rows)
-        for s in carved:
-            n = sizes[s]
-            if n is None:
-                raise ValueError(f"{s}_size must be set: the {s} split is carved from the train split")
-            if n >= len(train_rows):
-                raise ValueError(f"cannot carve {s}_size={n} items from {len(train_rows)} train rows")
-            raw[s], train_rows = train_rows[:n], train_rows[n:]
-    raw["train"] = train_rows if train_size is None else train_rows[: int(train_size)]
-
-    def item(r: dict[str, Any]) -> TaskItem:
-        answer = reference_answer(r[answer_field], answer_format)
-        if solution_field:
-            sol_raw = str(r[solution_field])
-            solution = sol_raw if answer_format == "plain" else format_solution(answer, answer_format, sol_raw)
-        else:
-            solution = format_solution(answer, answer_format)
-        fields = {"answer_format": answer_format, **{k: r[k] for k in extra_fields}}
-        return TaskItem(prompt=prompt_template.replace("{prompt}", str(r[prompt_field])), answer=answer,
-                        solution=solution, fields=fields)
-
+    sizes = {"train": train_size, "dev": dev_size, "test": test_size}
+    raw, removed_before_carving, carved = _carve_splits(source, mapping, sizes, prompt_field, seed)
+    if train_size is not None:
+        raw["train"] = raw["train"][: int(train_size)]
+    item = functools.partial(_task_item, prompt_field=prompt_field, answer_field=answer_field,
+                             solution_field=solution_field, answer_format=answer_format,
+                             prompt_template=prompt_template, extra_fields=extra_fields)
     out = {s: [item(r) for r in raw[s]] for s in SPLITS}
     task_name = name or (Path(str(path)).stem if not isinstance(path, Mapping) else "local_dataset")
     overlap = remove_train_overlap(out, task_name)
