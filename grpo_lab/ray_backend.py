@@ -180,16 +180,6 @@ class RemoteLearner:
     def update(self, batch):
         return self._call_on_batch("update", batch)
 
-    def policy_logprobs(self, micro, model=None, **kwargs):
-        if model is not None:
-            raise NotImplementedError("RemoteLearner.policy_logprobs: a model other than the policy lives in "
-                                      "the learner actor; call it there (objectives run inside Learner.update)")
-        return self._call("policy_logprobs", micro, **kwargs)
-
-    @property
-    def ref(self):
-        raise AttributeError("RemoteLearner has no `ref`: the reference model lives in the learner actor")
-
     def parameters_finite(self) -> bool:
         return self._call("parameters_finite")
 
