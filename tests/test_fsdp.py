@@ -27,8 +27,11 @@ def free_port() -> int:
 
 
 def torchrun(args: list[str], timeout: int, nproc: int = 2) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node <nproc> ...`, one thread per rank, this checkout first on the path."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
+    """`torchrun --nproc_per_node <nproc> ...`, one thread per rank, this checkout first on the path and
+    the caller's PYTHONPATH after it (where packages may live outside site-packages, as on a machine that
+    installs carried wheels into a folder of their own)."""
+    path = os.pathsep.join(p for p in (str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path,
            "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
