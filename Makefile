@@ -54,8 +54,8 @@ bench-sync: venv ## Weight-sync time, old (pickled) vs new (shm buckets), as a s
 bench-algorithms: venv ## Peak memory and step time of ppo (with critic) vs grpo, same model and batch, ratios (ARGS: see --help)
 	$(PY) scripts/bench_algorithms.py $(ARGS)
 
-bench-algorithms-smollm2: venv ## ppo (critic) vs grpo, rloo, gspo on the SmolLM2 recipe (LoRA, bf16, vLLM at 0.16, see tables/notes/critic_costs.md): whole-tree peak memory, step time, ratios to ppo
-	PYTHONPATH=. $(PY) scripts/bench_algorithms.py --algorithms ppo grpo rloo gspo --baseline ppo --engine recipe --steps 3 --warmup 1 $(ARGS) experiment=smollm2_chain_sum rollout.gpu_memory_utilization=0.16
+bench-algorithms-smollm2: venv ## ppo (critic) vs grpo, rloo, gspo on the SmolLM2 recipe (LoRA, bf16, vLLM, see tables/notes/critic_costs.md): whole-tree peak memory, step time, ratios to ppo
+	PYTHONPATH=. $(PY) scripts/bench_algorithms.py --algorithms ppo grpo rloo gspo --baseline ppo --engine recipe --steps 3 --warmup 1 $(ARGS) experiment=smollm2_chain_sum
 
 # Paper tables (scripts/make_table.py, conf/table/<name>.yaml): runs under outputs/tables/<name>,
 # table in tables/<name>.md|csv|png. SMOKE=1: one seed, two steps (outputs/smoke/). LAUNCHER=joblib
