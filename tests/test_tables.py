@@ -6,6 +6,7 @@ not hidden), and SMOKE=1 make_table runs end to end (one table here; every table
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -985,3 +986,83 @@ def test_every_committed_table_rebuilds_from_its_record(name, tmp_path):
         assert (tables / f).read_text() == (REPO / "tables" / f).read_text(), f
     committed = (REPO / "tables" / f"{name}_runs.csv").read_text().replace(f"outputs/tables/{name}/", "")
     assert (tables / f"{name}_runs.csv").read_text().replace(f"{tmp_path}/runs/{name}/", "") == committed
+
+
+def test_contrast_ci_by_hand():
+    """A difference of differences paired by seed, and a relative drop, computed by hand."""
+    from grpo_lab.report import contrast_ci
+
+    ppo_p, ppo_0 = {0: 0.60, 1: 0.62, 2: 0.58, 3: 0.9}, {0: 0.70, 1: 0.70, 2: 0.70}
+    grpo_p, grpo_0 = {0: 0.50, 1: 0.54, 2: 0.52}, {0: 0.70, 1: 0.72, 2: 0.71}
+    # per seed: (ppo_p − ppo_0) − (grpo_p − grpo_0) = .10, .10, .07 (seed 3 lacks terms: left out)
+    mean, half, n = contrast_ci({"a": ppo_p, "b": ppo_0, "c": grpo_p, "d": grpo_0}, {"a": 1, "b": -1, "c": -1, "d": 1})
+    assert n == 3 and mean == pytest.approx(0.09)
+    sd = math.sqrt(((0.01) ** 2 * 2 + 0.02 ** 2) / 2)
+    assert half == pytest.approx(4.302653 * sd / math.sqrt(3), rel=1e-5)
+    # relative: (grpo_p − grpo_0) / grpo_0 = −.2/.7, −.18/.72, −.19/.71
+    mean, _, n = contrast_ci({"p": grpo_p, "z": grpo_0}, {"p": 1, "z": -1}, relative_to=grpo_0)
+    assert n == 3 and mean == pytest.approx((-0.2 / 0.7 - 0.18 / 0.72 - 0.19 / 0.71) / 3)
+
+
+@pytest.mark.parametrize("expect, mean, half, verdict", [
+    ("> 0", 0.05, 0.02, "reproduced"),          # CI [+3, +7] above 0
+    ("> 0", -0.05, 0.02, "contradicted"),
+    ("> 0", 0.01, 0.02, "not resolved"),
+    ("< -0.15", -0.25, 0.05, "reproduced"),     # CI [−30, −20] below −15
+    ("< -0.15", -0.05, 0.05, "contradicted"),   # CI [−10, 0] above −15
+    ("< -0.15", -0.14, 0.05, "not resolved"),
+    ("> -0.05", 0.0, float("nan"), "n/a (one seed)"),
+])
+def test_threshold_verdicts_by_hand(expect, mean, half, verdict):
+    from grpo_lab.tables.findings import threshold_verdict
+
+    assert threshold_verdict(expect, mean, half) == verdict
+
+
+@pytest.mark.parametrize("contrast, message", [
+    ("{name: x, terms: {}, expect: '> 0'}", "`terms` is empty"),
+    ("{name: x, terms: {'algorithm=ppo a': 1}, expect: 'bigger'}", "expect='bigger' must be a side of a threshold"),
+    ("{name: x, terms: {'algorithm=sac a': 1}, expect: '> 0'}", "'algorithm=sac' selects no row"),
+    ("{name: x, terms: {'algorithm=ppo z': 1}, expect: '> 0'}", "'z' is not a variant"),
+    ("{name: x, terms: {'algorithm=ppo a': 1}, relative_to: 'q', expect: '> 0'}", "'q' is not a variant"),
+])
+def test_bad_contrasts_fail_with_a_clear_message(tmp_path, contrast, message):
+    body = ("title: t\npaper_finding: p\nsweep: {algorithm: 'ppo,grpo'}\nwithin: [algorithm]\n"
+            "variants: [{name: a, overrides: []}, {name: b, overrides: [x=1]}]\n"
+            f"contrasts: [{contrast}]\n")
+    with pytest.raises(TableSpecError) as err:
+        load_spec(write_spec(tmp_path, body))
+    assert message in str(err.value)
+
+
+def test_contrasts_across_blocks_in_the_table(tmp_path):
+    """Claims comparing rows of different blocks: the contrast per seed, its interval and verdict in the
+    table's header and findings JSON."""
+    spec = load_spec(write_spec(tmp_path, """
+        title: contrasts
+        paper_finding: "b hurts x less than y"
+        sweep: {algorithm: 'x,y'}
+        within: [algorithm]
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0]}
+          - {name: b, overrides: [rollout.temperature=0.9]}
+        baseline: a
+        contrasts:
+          - {name: x_vs_y, claim: "x drops less", expect: "> 0",
+             terms: {"algorithm=x b": 1, "algorithm=x a": -1, "algorithm=y b": -1, "algorithm=y a": 1}}
+          - {name: y_rel, expect: "< -0.15", relative_to: "algorithm=y a",
+             terms: {"algorithm=y b": 1, "algorithm=y a": -1}}
+    """))
+    plan = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    accs = {("x", "a"): (0.70, 0.72, 0.71), ("x", "b"): (0.68, 0.71, 0.69),
+            ("y", "a"): (0.70, 0.70, 0.72), ("y", "b"): (0.50, 0.52, 0.53)}
+    for (algo, variant), values in accs.items():
+        for seed, acc in enumerate(values):
+            _fake_run(plan.runs_dir / f"{algo}_{variant}{seed}", variant, seed, acc, extra=f"- algorithm={algo}\n")
+    result = build(plan, header_extra={"command": "test"}, launch_notes=[])
+    md = result["md"].read_text()
+    # x_vs_y per seed: (−.02 − .01 − .02) − (−.20 − .18 − .19) = .18, .17, .17 -> mean 17.3 pp
+    found = result["findings"]["contrasts"]
+    assert found["x_vs_y"]["seeds"] == 3 and found["x_vs_y"]["mean"] == pytest.approx(0.52 / 3)
+    assert found["x_vs_y"]["verdict"] == "reproduced" and found["y_rel"]["verdict"] == "reproduced"
+    assert "| x drops less | x_vs_y: 1·[algorithm=x b] − 1·[algorithm=x a] − 1·[algorithm=y b] + 1·[algorithm=y a] |" in md

@@ -13,7 +13,7 @@ table (columns, markdown, CSV), plots (PNG), build (build_report), __main__ (CLI
 
 from .build import build_report
 from .runs import Group, NoRunsFound, Run, group_runs, load_run, load_runs
-from .stats import aggregate_curves, first_reach, mean_ci, paired_diff_ci, t_ppf, welch_diff_ci
+from .stats import aggregate_curves, contrast_ci, first_reach, mean_ci, paired_diff_ci, t_ppf, welch_diff_ci
 
 __all__ = [
     "Group",
@@ -26,6 +26,7 @@ __all__ = [
     "load_run",
     "load_runs",
     "mean_ci",
+    "contrast_ci",
     "paired_diff_ci",
     "t_ppf",
     "welch_diff_ci",

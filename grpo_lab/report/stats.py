@@ -172,6 +172,25 @@ def paired_diff_ci(a: dict, b: dict, confidence: float = 0.95) -> tuple[float, f
     return mean, half, n
 
 
+def contrast_ci(by_term: dict[str, dict], coefficients: dict[str, float], relative_to: dict | None = None,
+                confidence: float = 0.95) -> tuple[float, float, int]:
+    """A linear contrast of rows paired by seed: per seed s present in every term (and in `relative_to`),
+    c_s = sum_k coefficients[k] · by_term[k][s], divided by relative_to[s] when given; then the mean of
+    c_s, its Student-t half-width and the number of seeds (as `mean_ci`).
+
+    A difference of differences, e.g. "PPO's drop minus GRPO's" = (ppo_p − ppo_0) − (grpo_p − grpo_0),
+    is {ppo_p: 1, ppo_0: −1, grpo_p: −1, grpo_0: 1}; runs of one seed share their warm-up checkpoint
+    across algorithms too, so the shared seed-to-seed spread cancels as in `paired_diff_ci`.
+    """
+    tables = [by_term[k] for k in coefficients] + ([relative_to] if relative_to is not None else [])
+    seeds = [s for s in tables[0] if all(t.get(s) is not None for t in tables)] if tables else []
+    values = []
+    for s in seeds:
+        c = math.fsum(coef * float(by_term[k][s]) for k, coef in coefficients.items())
+        values.append(c / float(relative_to[s]) if relative_to is not None else c)
+    return mean_ci(values, confidence)
+
+
 def seeds_for_half_width(sd: float, half_width: float, confidence: float = 0.95, max_seeds: int = 1000) -> int | None:
     """Fewest seeds n (≥ 2) whose Student-t interval t_{(1+confidence)/2, n−1} · sd / √n is at most
     `half_width`, for paired differences with standard deviation `sd` (e.g. one estimated from a

@@ -7,12 +7,13 @@ import json
 import math
 from dataclasses import dataclass
 
-from grpo_lab.report import build_report, group_runs, load_runs, mean_ci, paired_diff_ci, t_ppf, welch_diff_ci
+from grpo_lab.report import (build_report, contrast_ci, group_runs, load_runs, mean_ci, paired_diff_ci, t_ppf,
+                             welch_diff_ci)
 from grpo_lab.report.stats import seeds_for_half_width
 from grpo_lab.report.table import ACC, SAMPLED_ACC, final_value
 from grpo_lab.tables.record import write_meta
 from grpo_lab.tables.plan import Plan
-from grpo_lab.tables.spec import VARIANT_GROUP, TableSpec, override_key, selector_terms
+from grpo_lab.tables.spec import VARIANT_GROUP, Contrast, TableSpec, override_key, parse_expect, selector_terms
 from grpo_lab.tables.state import compute_time_s
 
 
@@ -296,6 +297,46 @@ def block_findings(spec: TableSpec, groups: list, keys: list[str]) -> tuple[str,
                               "paper_direction": verdicts}
 
 
+def threshold_verdict(expect: str, mean: float, half: float) -> str:
+    """Does mean ± half (95 % CI) lie on the claimed side of `expect`'s threshold ('> 0', '< -0.05')?
+    "reproduced" when wholly on it, "contradicted" when wholly on the other side, else "not resolved"."""
+    op, threshold = parse_expect(expect)
+    if math.isnan(mean):
+        return "–"
+    if math.isnan(half):
+        return "n/a (one seed)"
+    low, high = mean - half, mean + half
+    claimed, other = (low > threshold, high < threshold) if op == ">" else (high < threshold, low > threshold)
+    return "reproduced" if claimed else "contradicted" if other else "not resolved"
+
+
+def contrast_findings(contrasts: list[Contrast], groups: list) -> tuple[str, dict]:
+    """The table's cross-block claims (spec `contrasts`): each one's per-seed contrast of final greedy
+    accuracies, its 95 % interval and verdict, as a Markdown table and the numbers behind it."""
+    if not contrasts:
+        return "", {}
+    rows, by_selector = _block_rows(groups), {}
+    for c in contrasts:
+        for sel in [*c.terms, *([c.relative_to] if c.relative_to else [])]:
+            matched = [r for r in rows if selects(sel, r["group"])]
+            by_selector[sel] = matched[0]["by_seed"] if len(matched) == 1 else {}
+    lines = ["**Claims across rows** (per seed, the contrast of final greedy accuracies; mean ± 95 % CI over the "
+             "seeds every term completed; in points, or in % of the reference row's accuracy where relative):", "",
+             "| claim | contrast | ours | expected | verdict |", "|---|---|---|---|---|"]
+    numbers = {}
+    for c in contrasts:
+        mean, half, n = contrast_ci(by_selector, dict(c.terms), by_selector.get(c.relative_to) if c.relative_to else None)
+        verdict = threshold_verdict(c.expect, mean, half)
+        formula = " ".join(f"{'+' if k > 0 else '−'} {abs(k):g}·[{sel}]" for sel, k in c.terms.items()).lstrip("+ ")
+        if c.relative_to:
+            formula = f"({formula}) / [{c.relative_to}]"
+        op, threshold = parse_expect(c.expect)
+        lines.append(f"| {c.claim or c.name} | {c.name}: {formula} | {_diff_text(mean, half)} (n={n}) | "
+                     f"{op} {100 * threshold:+g} | {verdict} |")
+        numbers[c.name] = {"mean": mean, "half_width": half, "seeds": n, "expect": c.expect, "verdict": verdict}
+    return "\n".join(lines), numbers
+
+
 def _mean_text(values: list[float]) -> str:
     mean, half, n = mean_ci(values)
     return f"{_pct(mean)} ± {_pct(half) if n > 1 else 'n/a'} (n={n})" if n else "–"
@@ -369,6 +410,10 @@ def build(plan: Plan, *, header_extra: dict[str, str], launch_notes: list[str]) 
     groups, keys = group_runs(runs, group_by=spec.group_by, ignore=ignore)
     found, numbers = findings(spec, groups, keys, within=plan.block_keys)
     notes = [f"**What the paper found.** {spec.paper_finding}", "", found]
+    claims, contrasts = contrast_findings(spec.contrasts, groups)
+    if claims:
+        notes += ["", claims]
+        numbers["contrasts"] = contrasts
     if spec.notes:
         notes += ["", f"**Setup and budget.** {spec.notes}"]
     if launch_notes:

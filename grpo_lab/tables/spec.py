@@ -69,6 +69,22 @@ class SFTControl:
 
 
 @dataclass
+class Contrast:
+    # A claim that compares rows of different blocks, e.g. "PPO's drop at p = 0.2 is smaller than GRPO's":
+    # per seed, sum(coefficient × the row's final greedy accuracy) over `terms` (row selector -> coefficient,
+    # selectors as `baseline`'s), optionally divided by the accuracy of the `relative_to` row (a relative
+    # drop); then its mean and 95 % Student-t interval over the seeds every term completed.
+    name: str = MISSING
+    terms: dict[str, float] = field(default_factory=dict)
+    # The claim's side of a threshold, "> 0" or "< -0.05": reproduced when the interval lies wholly on it,
+    # contradicted when wholly on the other side, else not resolved.
+    expect: str = MISSING
+    relative_to: Optional[str] = None
+    # The claim as it circulates, quoted next to the verdict.
+    claim: str = ""
+
+
+@dataclass
 class TableSpec:
     # Markdown title.
     title: str = MISSING
@@ -116,6 +132,8 @@ class TableSpec:
     smoke: list[str] = field(default_factory=list)
     # Matched-compute SFT control row (grpo_lab.tables.sft_control), run after the sweep.
     sft_control: Optional[SFTControl] = None
+    # Claims that compare rows across blocks (differences of differences), tested after the per-block findings.
+    contrasts: list[Contrast] = field(default_factory=list)
     # Every job writes a resumable checkpoint each this many steps (trainer.checkpoint_every), so a
     # table stopped mid-run and launched again loses at most this many steps of each stopped run.
     # 0: none (a stopped run starts over).
@@ -146,6 +164,9 @@ EXPECTED = {
     "wall_time_s": "seconds (> 0) or null",
     "evals": "an integer >= 0",
     "checkpoint_every": "an integer >= 0 (steps between resumable checkpoints; 0 = none)",
+    "contrasts": "a list of {name, terms: {row selector: coefficient}, expect: '> 0', [relative_to], [claim]}",
+    "terms": "a mapping of row selector -> coefficient, e.g. {'algorithm=ppo p0.2': 1, 'algorithm=ppo p0': -1}",
+    "expect": "a side of a threshold, e.g. '> 0' or '< -0.05'",
 }
 
 
@@ -277,6 +298,7 @@ def _typed_spec(raw: dict, errors: list[str]) -> TableSpec:
     d = _plain(node)
     d["variants"] = [Variant(**_plain(v)) for v in out]
     d["sft_control"] = None if d["sft_control"] is None else SFTControl(**d["sft_control"])
+    d["contrasts"] = [Contrast(**c) for c in d["contrasts"]]
     return TableSpec(**d)
 
 
@@ -374,12 +396,32 @@ def _check_selectors(spec: TableSpec, names: list[str], errors: list[str]) -> No
     for sel, direction in spec.paper_direction.items():
         if direction not in DIRECTIONS:
             errors.append(f"paper_direction[{sel!r}] must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
-        for k, v in selector_terms(sel):
-            if v is None and k not in names:
-                errors.append(f"paper_direction: {k!r} is not a variant; variants: {', '.join(names) or '(none)'}")
-            elif v is not None and v not in spec.sweep.get(k, "").split(","):
-                errors.append(f"paper_direction: {f'{k}={v}'!r} selects no row; sweep values: "
-                              + (", ".join(f"{sk}={sv}" for sk, sv in spec.sweep.items()) or "(no sweep)"))
+        _check_selector(spec, names, sel, "paper_direction", errors)
+    for i, c in enumerate(spec.contrasts):
+        where = f"contrasts[{i}] ({c.name})"
+        if not c.terms:
+            errors.append(f"{where}: `terms` is empty; give row selector -> coefficient, e.g. "
+                          "{'algorithm=ppo p0.2': 1, 'algorithm=ppo p0': -1}")
+        for sel in [*c.terms, *([c.relative_to] if c.relative_to else [])]:
+            _check_selector(spec, names, sel, where, errors)
+        if parse_expect(c.expect) is None:
+            errors.append(f"{where}: expect={c.expect!r} must be a side of a threshold, e.g. '> 0' or '< -0.05'")
+
+
+def _check_selector(spec: TableSpec, names: list[str], sel: str, where: str, errors: list[str]) -> None:
+    """Each term of a row selector names a variant or a swept key=value."""
+    for k, v in selector_terms(sel):
+        if v is None and k not in names:
+            errors.append(f"{where}: {k!r} is not a variant; variants: {', '.join(names) or '(none)'}")
+        elif v is not None and v not in spec.sweep.get(k, "").split(","):
+            errors.append(f"{where}: {f'{k}={v}'!r} selects no row; sweep values: "
+                          + (", ".join(f"{sk}={sv}" for sk, sv in spec.sweep.items()) or "(no sweep)"))
+
+
+def parse_expect(text: str) -> tuple[str, float] | None:
+    """'> 0' -> ('>', 0.0); '< -0.05' -> ('<', -0.05); anything else -> None."""
+    m = re.fullmatch(r"\s*([<>])\s*(-?\d+(?:\.\d+)?)\s*", str(text))
+    return (m.group(1), float(m.group(2))) if m else None
 
 
 def _check_report_keys(spec: TableSpec, errors: list[str]) -> None:
