@@ -332,7 +332,11 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
         _check(i.max_turns == 1, f"interaction.max_turns={i.max_turns} needs an environment to reply between turns: "
                "set interaction.environment (e.g. interaction=verifier_feedback) or interaction.max_turns=1", errors)
         return
-    check_registered(ENVIRONMENTS, i.environment, "interaction.environment", errors)
+    if check_registered(ENVIRONMENTS, i.environment, "interaction.environment", errors):
+        _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),
+               f"interaction.environment={i.environment} learns during the run, and with trainer.max_staleness="
+               f"{cfg.trainer.max_staleness} it would reply to the next step while it trains on this one: set "
+               "trainer.max_staleness=0", errors)
     _check(i.max_turns >= 2, f"interaction.max_turns={i.max_turns} with interaction.environment={i.environment}: the "
            "actor never reads a reply; set interaction.max_turns >= 2 (2 = answer, feedback, revision) or "
            "interaction=none", errors)
