@@ -7,7 +7,8 @@
         trainer_state.pt     optimizer, critic + its optimizer, learner counters and generator,
                              RNG states (python, numpy, torch CPU / CUDA), prompt-stream position,
                              sampler call counter, reward normaliser, step and sample counters,
-                             recorder state (wandb run id, metrics.jsonl line count, initial evals)
+                             recorder state (wandb run id, metrics.jsonl line count, initial evals),
+                             a multi-turn environment's state_dict (grpo_lab/interaction)
         config.yaml          the run's config.yaml when it was written (what a resume compares against)
         manifest.json        every other file's size and sha256; written last
 

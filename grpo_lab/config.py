@@ -77,7 +77,7 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
         errors.append(f"{bad} is not a finite number; set it to a finite value")
     cfg = _check_group_size_schedule(cfg, errors)
     for check in (_check_algorithm, _check_model, _check_rollout, _check_learner, _check_learner_scale,
-                  _check_trainer, _check_logger_and_warmup):
+                  _check_trainer, _check_logger_and_warmup, _check_interaction):
         check(cfg, errors, machine)
     # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
     # task splits and the task source's own settings
@@ -315,6 +315,37 @@ def _check_logger_and_warmup(cfg: DictConfig, errors: list[str], machine: bool) 
     if w.max_steps > 0:
         _check(w.lr > 0 and w.batch_size >= 1 and w.eval_every >= 1,
                "warmup.lr must be > 0, warmup.batch_size and warmup.eval_every >= 1 (or warmup.max_steps=0)", errors)
+
+
+def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> None:
+    """Multi-turn rollouts: a registered (or importable) environment, at least two turns with one, a
+    registered turn reward, and the parts of the lab that read whole completions turned off."""
+    from grpo_lab.interaction import ENVIRONMENTS, TURN_REWARDS
+
+    i = cfg.get("interaction")
+    if i is None:
+        return
+    check_registered(TURN_REWARDS, i.reward, "interaction.reward", errors)
+    _check(i.improvement_coef >= 0, f"interaction.improvement_coef={i.improvement_coef} must be >= 0 (α of "
+           "interaction.reward=improvement)", errors)
+    if i.environment is None:
+        _check(i.max_turns == 1, f"interaction.max_turns={i.max_turns} needs an environment to reply between turns: "
+               "set interaction.environment (e.g. interaction=verifier_feedback) or interaction.max_turns=1", errors)
+        return
+    if check_registered(ENVIRONMENTS, i.environment, "interaction.environment", errors):
+        _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),
+               f"interaction.environment={i.environment} learns during the run, and with trainer.max_staleness="
+               f"{cfg.trainer.max_staleness} it would reply to the next step while it trains on this one: set "
+               "trainer.max_staleness=0", errors)
+    _check(i.max_turns >= 2, f"interaction.max_turns={i.max_turns} with interaction.environment={i.environment}: the "
+           "actor never reads a reply; set interaction.max_turns >= 2 (2 = answer, feedback, revision) or "
+           "interaction=none", errors)
+    _check(cfg.algorithm.objective == "policy_gradient", f"interaction.environment with algorithm.objective="
+           f"{cfg.algorithm.objective}: preference pairs compare whole completions and would train on the "
+           "environment's tokens; use a policy-gradient algorithm (grpo, rloo, ppo, ...) or interaction=none", errors)
+    _check(cfg.algorithm.overlong.soft_buffer == 0, "algorithm.overlong.soft_buffer > 0 measures a completion "
+           "against rollout.max_new_tokens, which bounds each turn of a conversation, not all of them: set "
+           "algorithm.overlong.soft_buffer=0 or interaction=none", errors)
 
 
 def derive_run_name(cfg: DictConfig) -> str:

@@ -7,12 +7,17 @@ warm-up stopped on greedy accuracy leaves RL a policy whose samples are mostly w
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from grpo_lab.interaction import multi_turn_rollout
+from grpo_lab.interaction.rewards import conversation_metrics
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.rewards import is_correct
 
 
 def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature: float = 0.0, n: int = 1,
-             seed: int = 0, samples: list | None = None, max_samples: int = 0) -> dict:
+             seed: int = 0, samples: list | None = None, max_samples: int = 0, environment=None,
+             max_turns: int = 1) -> dict:
     """Accuracy of `n` completions per held-out item, and the mean completion length of right and wrong ones.
 
     engine: any RolloutEngine (grpo_lab.rollout); its weights are the ones evaluated.
@@ -20,7 +25,17 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
     eval/completion_len_mean and eval/wrong_len_mean (tokens; 0 when nothing is wrong) and eval/n
     (number of items). With `samples` (a list), its first `max_samples` completions are appended to
     it as readable rows (prompt, completion, answer, correct) for samples.jsonl.
+
+    With an `environment` (grpo_lab.interaction), each completion is a conversation of up to
+    `max_turns` answers (first answer, the environment's reply, revision, ...): eval/accuracy is the
+    final answer's, and eval/first_acc, eval/wrong_to_right, eval/right_to_wrong say what the
+    revision changed; rows gain `turns`.
     """
+    if environment is not None:
+        return _evaluate_conversations(engine, tokenizer, items, environment, max_turns=max_turns, n=n, seed=seed,
+                                       sampling=SimpleNamespace(temperature=temperature, top_p=1.0,
+                                                                max_new_tokens=max_new_tokens),
+                                       samples=samples, max_samples=max_samples)
     prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
     out = engine.generate(prompts, n=n, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
                           seed=seed, logprobs=False)
@@ -37,17 +52,39 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
             "eval/n": float(len(items))}
 
 
+def _evaluate_conversations(engine, tokenizer, items: list, environment, *, max_turns: int, n: int, seed: int,
+                            sampling, samples: list | None, max_samples: int) -> dict:
+    """`evaluate` with an environment: n conversations per item, scored on their last answer."""
+    out = multi_turn_rollout(engine, tokenizer, items, environment, group_size=n, max_turns=max_turns,
+                             rollout_cfg=sampling, seed=seed, logprobs=False, greedy=sampling.temperature == 0.0)
+    turn_correct = [[is_correct(a, items[k // n]) for a in t[0::2]] for k, t in enumerate(out.turns)]
+    correct = [c[-1] for c in turn_correct]
+    lengths = [sum(m) for m in out.loss_masks]            # the actor's tokens over all its turns
+    wrong = [m for m, ok in zip(lengths, correct) if not ok]
+    if samples is not None:
+        samples.extend({"prompt": items[k // n].prompt, "completion": out.texts[k], "answer": items[k // n].answer,
+                        "correct": bool(correct[k]), "turns": out.turns[k]}
+                       for k in range(min(max_samples, len(out.texts))))
+    summary = conversation_metrics(turn_correct, prefix="eval/")
+    return {"eval/accuracy": sum(correct) / max(len(items) * n, 1),
+            "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
+            "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,
+            "eval/n": float(len(items)),
+            **{k: summary[k] for k in ("eval/first_acc", "eval/wrong_to_right", "eval/right_to_wrong")}}
+
+
 def evaluate_held_out(engine, tokenizer, items: list, cfg, *, step: int, samples: list | None = None,
-                      max_samples: int = 0) -> dict:
+                      max_samples: int = 0, environment=None) -> dict:
     """A run's held-out evaluation (RL loop and SFT control alike): greedy accuracy and lengths, plus with
     trainer.eval_sampled_k = k > 0 the mean accuracy of k samples per item at rollout.temperature
     (eval/sampled_accuracy, mean@k; DAPO reports avg@32), seeded by run seed and step so that rows of a
     table sharing a seed share the random numbers too."""
+    turns = {"environment": environment, "max_turns": cfg.interaction.max_turns} if environment is not None else {}
     metrics = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens, samples=samples,
-                       max_samples=max_samples)
+                       max_samples=max_samples, **turns)
     k = cfg.trainer.get("eval_sampled_k", 0)
     if k:
         sampled = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens,
-                           temperature=cfg.rollout.temperature, n=k, seed=cfg.seed * 1_000_003 + step)
+                           temperature=cfg.rollout.temperature, n=k, seed=cfg.seed * 1_000_003 + step, **turns)
         metrics["eval/sampled_accuracy"] = sampled["eval/accuracy"]
     return metrics

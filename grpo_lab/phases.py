@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_lab.algos import ema_reward_normalize, group_stats, informative_group_mask, soft_overlong_penalty
+from grpo_lab.interaction import multi_turn_rollout, score_turns, turn_metrics
 from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
 from grpo_lab.rewards import compute_rewards, contained_settings, is_correct, stop_reward_worker
 from grpo_lab.rewards.noise import REWARD_NOISE, noise_metrics
@@ -70,6 +71,7 @@ class ScoredRollout:
         r = self.rollout
         return [{"group": r.group_ids[i], "prompt": self.items[i].prompt, "completion": r.texts[i],
                  "reward": float(self.rewards[i]), "answer": self.items[i].answer, "correct": bool(self.correct[i]),
+                 **({"turns": r.turns[i]} if r.turns is not None else {}),
                  **{k: v[i] for k, v in self.info.items()}} for i in range(min(limit, len(r)))]
 
     @staticmethod
@@ -86,27 +88,36 @@ class ScoredRollout:
                              torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]), info)
 
 
-def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: int, seed: int) -> Rollout:
-    """Sample `group_size` completions for each item's prompt."""
+def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: int, seed: int,
+                  environment=None, max_turns: int = 1) -> Rollout:
+    """Sample `group_size` completions for each item's prompt; with an `environment`, `group_size`
+    conversations of up to `max_turns` actor answers each (grpo_lab.interaction.multi_turn_rollout)."""
+    if environment is not None:
+        return multi_turn_rollout(engine, tokenizer, items, environment, group_size=group_size, max_turns=max_turns,
+                                  rollout_cfg=rollout_cfg, seed=seed)
     prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
     return engine.generate(prompts, n=group_size, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
                            max_new_tokens=rollout_cfg.max_new_tokens, seed=seed)
 
 
 def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new_tokens: int,
-                 seed: int) -> tuple[ScoredRollout, dict]:
+                 seed: int, interaction_cfg=None) -> tuple[ScoredRollout, dict]:
     """Weighted sum of the registered reward functions (each sample contained: a function that raises,
     returns NaN or times out scores `reward.on_error` and is counted), then `reward.noise` (seeded by
-    the rollout's `seed`), plus DAPO's soft overlong punishment."""
+    the rollout's `seed`), plus DAPO's soft overlong punishment. A multi-turn rollout scores every
+    actor answer and combines them by `interaction.reward` (grpo_lab.interaction.score_turns)."""
     seq_items = [items[g] for g in rollout.group_ids]
-    result = compute_rewards(rollout.texts, seq_items, list(reward_cfg.weights.items()),
-                             **contained_settings(reward_cfg))
-    total, per_fn = result
-    rewards = torch.tensor(total, dtype=torch.float32)
-    correct = torch.tensor([float(is_correct(t, it)) for t, it in zip(rollout.texts, seq_items)])
+    if rollout.turns is not None:
+        rewards, correct, info, per_fn, failures = score_turns(rollout, seq_items, reward_cfg, interaction_cfg)
+    else:
+        result = compute_rewards(rollout.texts, seq_items, list(reward_cfg.weights.items()),
+                                 **contained_settings(reward_cfg))
+        total, per_fn = result
+        rewards = torch.tensor(total, dtype=torch.float32)
+        correct = torch.tensor([float(is_correct(t, it)) for t, it in zip(rollout.texts, seq_items)])
+        info, failures = result.info, result.metrics
     metrics = {f"reward/{name}": float(sum(v) / max(len(v), 1)) for name, v in per_fn.items()}
-    metrics.update(result.metrics)
-    info = result.info
+    metrics.update(failures)
     if reward_cfg.noise.kind != "none":
         info = {**info, "clean_reward": [float(r) for r in rewards]}   # next to the noisy one in samples
         rewards, realised = noisy_rewards(rewards, rollout, seq_items, reward_cfg.noise, seed=seed,
@@ -153,9 +164,9 @@ class GroupSampler:
     Each call draws a new seed, so rounds of dynamic sampling and steps never repeat samples.
     """
 
-    def __init__(self, engine, tokenizer, stream: PromptStream, cfg, *, seed: int):
+    def __init__(self, engine, tokenizer, stream: PromptStream, cfg, *, seed: int, environment=None):
         self.engine, self.tokenizer, self.stream, self.cfg = engine, tokenizer, stream, cfg
-        self.calls, self.seed = 0, seed
+        self.calls, self.seed, self.environment = 0, seed, environment
         self.reset(group_size=cfg.rollout.group_size)
 
     def reset(self, group_size: int | None = None) -> None:
@@ -178,11 +189,14 @@ class GroupSampler:
         self.calls += 1
         t0 = time.time()
         seed = self.seed * 1_000_003 + self.calls * 10_007
-        rollout = rollout_phase(self.engine, self.tokenizer, items, self.cfg.rollout,
-                                group_size=self.group_size, seed=seed)
+        interaction = self.cfg.get("interaction")
+        rollout = rollout_phase(self.engine, self.tokenizer, items, self.cfg.rollout, group_size=self.group_size,
+                                seed=seed, environment=self.environment,
+                                max_turns=interaction.max_turns if interaction is not None else 1)
         t1 = time.time()
         scored, metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
-                                       max_new_tokens=self.cfg.rollout.max_new_tokens, seed=seed)
+                                       max_new_tokens=self.cfg.rollout.max_new_tokens, seed=seed,
+                                       interaction_cfg=interaction)
         for key in ("reward/errors", "reward/timeouts"):  # counts add up over dynamic-sampling rounds
             metrics[key] = metrics.get(key, 0.0) + self.reward_metrics.get(key, 0.0)
         self.reward_metrics = metrics
@@ -316,7 +330,7 @@ class RolloutPipeline:
 
 def to_learner_batch(scored: ScoredRollout, tokenizer) -> TensorBatch:
     r = scored.rollout
-    batch = collate(r.prompt_ids, r.completion_ids, tokenizer.pad_token_id, r.sampler_logprobs)
+    batch = collate(r.prompt_ids, r.completion_ids, tokenizer.pad_token_id, r.sampler_logprobs, r.loss_masks)
     batch["group_ids"] = torch.tensor(r.group_ids, dtype=torch.long)
     batch["rewards"] = scored.rewards
     batch["truncated"] = torch.tensor(r.truncated, dtype=torch.bool)
@@ -355,6 +369,7 @@ def rollout_metrics(scored: ScoredRollout) -> dict:
         "rollout/wrong_len_mean": float(lengths[wrong].mean()) if wrong.any() else 0.0,
         "rollout/truncated_frac": float(torch.tensor(scored.rollout.truncated, dtype=torch.float32).mean()),
         "rollout/samples": float(len(scored.rollout)),
+        **turn_metrics(scored),   # interaction/: first and final accuracy, wrong → right, ... (multi-turn only)
     }
 
 

@@ -9,6 +9,7 @@ Public API::
     render_prompt(tokenizer, text) -> str          # the text the model reads (for logs and samples)
     chat_messages(tokenizer, text) -> list[dict]   # the conversation behind it (chat-template tokenizers)
     encode_prompt(tokenizer, text) -> list[int]    # what grpo_lab.learner.batch.encode_prompt returns
+    environment_turn_ids(tokenizer, message, *, answer_ids) -> list[int]   # between two actor turns
     prepare_for_model(task, tokenizer, task_cfg) -> tokenizer   # the one call after loading a tokenizer
 
 Instruct models are trained on prompts wrapped in their chat template; given the bare text they
@@ -139,6 +140,42 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
+# Multi-turn conversations without a chat template (the tiny character model): after the actor's answer
+# (which ends in <eos> unless it was cut at max_new_tokens; then an <eos> is added) the environment's
+# message is written as RAW_MESSAGE_OPEN + message + RAW_MESSAGE_CLOSE, and the actor's next answer
+# follows: "<bos>15-43=-38<eos>?wrong: too low\n-28<eos>". The characters below join the tiny model's
+# alphabet only when an interaction is on (grpo_lab.interaction.message_alphabet).
+RAW_MESSAGE_OPEN, RAW_MESSAGE_CLOSE = "?", "\n"
+# Stands for the actor's answer when the chat template is rendered around it; no template alters it.
+_ANSWER_SENTINEL = "\u2063ANSWER\u2063"
+
+
+def environment_turn_ids(tokenizer: Any, message: str, *, answer_ids: list[int]) -> list[int]:
+    """The token ids between an actor answer (`answer_ids`, as sampled) and the actor's next answer
+    when the environment says `message`.
+
+    With a chat template: exactly what the template writes there (the assistant turn closed, a user turn
+    holding the message, the next assistant turn opened), read off the template rendered around a
+    sentinel answer, so any template works. The end-of-turn token is not written twice: an answer that
+    already ended with it (the sampler stopped on EOS) keeps its own. Without a template: the compact
+    raw format above. The answer's ids are never re-tokenized (they are the sampled ones)."""
+    style = prompt_style(tokenizer)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ended = bool(answer_ids) and eos is not None and answer_ids[-1] == eos
+    if not uses_chat_template(tokenizer):
+        _check_raw(style)
+        ids = tokenizer.encode(RAW_MESSAGE_OPEN + message + RAW_MESSAGE_CLOSE, add_special_tokens=False)
+        return ids if ended or eos is None else [eos, *ids]
+    conversation = [*_messages(style, "?"), {"role": "assistant", "content": _ANSWER_SENTINEL},
+                    {"role": "user", "content": message}]
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    if text.count(_ANSWER_SENTINEL) != 1:
+        raise ValueError("this chat template does not write an assistant turn's content as given; multi-turn "
+                         "rollouts cannot place the environment's message after it")
+    ids = tokenizer.encode(text.split(_ANSWER_SENTINEL, 1)[1], add_special_tokens=False)
+    return ids[1:] if ended and ids and ids[0] == eos else ids
+
+
 # Answer format used for question-form prompts when the model answers through a chat template and the
 # task did not set one: instruct models write "The answer is -28." or "\boxed{-28}", which "plain"
 # (the whole completion is the answer) scores wrong. See grpo_lab.rewards.answers.
@@ -178,6 +215,7 @@ def prepare_for_model(task: Any, tokenizer: Any, task_cfg: Any) -> Any:
     return tokenizer
 
 
-__all__ = ["CHAT_ANSWER_FORMAT", "CHAT_TEMPLATE_CHOICES", "PromptStyle", "adapt_answer_format", "chat_messages",
-           "check_chat_template", "configure_tokenizer", "encode_prompt", "prepare_for_model", "prompt_style",
+__all__ = ["CHAT_ANSWER_FORMAT", "CHAT_TEMPLATE_CHOICES", "PromptStyle", "RAW_MESSAGE_CLOSE", "RAW_MESSAGE_OPEN",
+           "adapt_answer_format", "chat_messages", "check_chat_template", "configure_tokenizer", "encode_prompt",
+           "environment_turn_ids", "prepare_for_model", "prompt_style",
            "render_prompt", "uses_chat_template"]

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoTokenizer
 
 from grpo_lab.schema import ConfigError
+from grpo_lab.interaction import message_alphabet, reference_problem
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
 from grpo_lab.warmup import cache_key, warmup_sft
@@ -85,7 +86,8 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     cache = Path(cfg.cache_dir)
     model_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if v is not None}
     builder = model_kwargs.pop("builder")
-    alphabet = task.alphabet()
+    # A multi-turn run's character model must also read the environment's messages; "" when single-turn.
+    alphabet = task.alphabet() + message_alphabet(cfg.get("interaction") or {})
     # A converted pretrained model is cached once per model; a from-scratch one per alphabet and seed.
     per_task = MODEL_BUILDERS.fact(builder, "per_task")
     base_dir = cache / "models" / (cache_key(cfg.model, alphabet, cfg.seed) if per_task else cache_key(cfg.model))
@@ -129,6 +131,9 @@ def start_run(cfg: DictConfig) -> RunStart:
     threads = set_learner_threads(cfg)
     device = resolve_device(cfg.learner.device)
     task = build_task(cfg.task)
+    problem = reference_problem(cfg.get("interaction") or {}, task)
+    if problem:
+        raise ConfigError(problem)
     policy_dir, warm = build_policy(cfg, task, device)
     tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(policy_dir)), cfg.task)
     return RunStart(threads=threads, device=device, task=task, policy_dir=policy_dir, warmup=warm,

@@ -485,6 +485,21 @@ class LoggerConfig:
 
 
 @dataclass
+class InteractionConfig:
+    # Multi-turn rollouts (grpo_lab/interaction): after each actor answer an environment replies (feedback,
+    # or done) and the actor revises. A registered environment (verifier_feedback) or a plug-in class
+    # "package.module:Class"; null = single-turn (interaction=none, the default: nothing changes).
+    environment: Optional[str] = None
+    # Actor turns per conversation (1 = single-turn; >= 2 with an environment).
+    max_turns: int = 1
+    # Reward of a conversation from its actor turns' task rewards (grpo_lab/interaction/rewards.py):
+    # final (last turn's), each_turn (mean over turns), improvement (last + α·(last − first), SCoRe).
+    reward: str = "final"
+    # α of reward=improvement.
+    improvement_coef: float = 1.0
+
+
+@dataclass
 class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -495,6 +510,7 @@ class Config:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    interaction: InteractionConfig = field(default_factory=InteractionConfig)
     seed: int = 0
     # Derived at start (see derive_run_name) unless set.
     run_name: Optional[str] = None

@@ -33,6 +33,7 @@ from grpo_lab.backends import TRAINER_BACKENDS, follow
 from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.cpu_placement import engine_cores, plan_placement
 from grpo_lab.evaluation import evaluate_held_out
+from grpo_lab.interaction import build_environment, step_record
 from grpo_lab.learner import distributed
 from grpo_lab.learner.learner import release_freed_host_memory
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
@@ -76,15 +77,16 @@ def schedule_done(cfg: DictConfig, step: int, samples: int) -> bool:
 
 
 def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, recorder: RunRecorder, *,
-                             step: int) -> dict:
-    """Held-out evaluation (grpo_lab.evaluation.evaluate_held_out); its first trainer.samples_per_log
-    greedy completions go to samples.jsonl."""
+                             step: int, environment=None) -> dict:
+    """Held-out evaluation (grpo_lab.evaluation.evaluate_held_out; with a multi-turn `environment`,
+    first answer, its reply and the revision); its first trainer.samples_per_log greedy completions go
+    to samples.jsonl."""
     rows: list[dict] = []
     k = cfg.trainer.get("eval_sampled_k", 0)
     with heartbeat(f"evaluation at step {step}: {len(items)} held-out items, greedy"
                    f"{f' + {k} samples each' if k else ''}, up to {cfg.rollout.max_new_tokens} new tokens"):
         metrics = evaluate_held_out(engine, tokenizer, items, cfg, step=step, samples=rows,
-                                    max_samples=cfg.trainer.samples_per_log)
+                                    max_samples=cfg.trainer.samples_per_log, environment=environment)
     recorder.log_samples(rows, step=step, kind="eval")
     return metrics
 
@@ -105,13 +107,15 @@ def host_tree_rss_gib(root: psutil.Process | None = None) -> float:
 @dataclass
 class RunParts:
     """What one run trains with: the learner, the rollout engine, the pipeline that feeds it prompts,
-    the objective, the reward normalizer, and the held-out items it is evaluated on."""
+    the objective, the reward normalizer, the held-out items it is evaluated on, and the multi-turn
+    environment (None: single-turn)."""
     learner: Any
     engine: Any
     pipeline: RolloutPipeline
     objective: Any
     normalizer: RewardNormalizer
     eval_items: list
+    environment: Any = None
 
 
 @dataclass
@@ -163,8 +167,11 @@ def begin(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, sta
         run.pipeline.load_state_dict(state["pipeline"])
         run.normalizer.load_state_dict(state["normalizer"])
         checkpoint.set_rng_state(state["rng"])
+        if run.environment is not None:
+            run.environment.load_state_dict(state.get("environment") or {})
         return LoopState(state["step"], state["samples"], state["bad_steps"], state["before"])
-    before = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=0)
+    before = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=0,
+                                      environment=run.environment)
     log_initial_eval(recorder, start, before)
     return LoopState(before=before)
 
@@ -180,6 +187,8 @@ def learn(cfg: DictConfig, run: RunParts, tokenizer, scored, metrics: dict, step
                                                 seed=cfg.seed)
     metrics.update(prep_metrics)
     metrics.update(run.learner.update(batch))
+    if run.environment is not None:   # an environment that learns (a critic) updates on what it saw
+        metrics.update(run.environment.after_step(step, step_record(scored)))
     if metrics.get("actor/empty_batch"):   # no update ran, so none was non-finite
         print(f"step {step}: nothing to train on (the objective left an empty batch, e.g. no preference "
               "pair: every group's rewards agree); this step makes no update")
@@ -218,7 +227,8 @@ def record_step(cfg: DictConfig, recorder: RunRecorder, tokenizer, run: RunParts
     evaluation's metrics."""
     t, step = cfg.trainer, loop.step
     if t.eval_every and step % t.eval_every == 0 and not schedule_done(cfg, step, loop.samples):
-        last_eval = evaluate_and_log_samples(run.engine, tokenizer, run.eval_items, cfg, recorder, step=step)
+        last_eval = evaluate_and_log_samples(run.engine, tokenizer, run.eval_items, cfg, recorder, step=step,
+                                             environment=run.environment)
         metrics.update(last_eval)
     if t.log_samples_every and step % t.log_samples_every == 0:
         recorder.log_samples(scored.sample_rows(t.samples_per_log), step=step, kind="train")
@@ -228,13 +238,16 @@ def record_step(cfg: DictConfig, recorder: RunRecorder, tokenizer, run: RunParts
         checkpoint.save(recorder.run_dir, step, learner=run.learner, tokenizer=tokenizer, keep=t.keep_checkpoints,
                         state={"samples": loop.samples, "bad_steps": loop.bad_steps, "before": loop.before,
                                "pipeline": run.pipeline.state_dict(), "normalizer": run.normalizer.state_dict(),
-                               "recorder": recorder.state_dict()})
+                               "recorder": recorder.state_dict(),
+                               **({"environment": run.environment.state_dict()} if run.environment is not None
+                                  else {})})
     return last_eval
 
 
 def finish(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, loop: LoopState) -> dict:
     """The evaluation after training, the final policy saved, and the run's before/after result."""
-    after = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=loop.step)
+    after = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=loop.step,
+                                     environment=run.environment)
     recorder.log(after, step=loop.step, samples=loop.samples)
     if cfg.trainer.save_checkpoint:
         run.learner.save(recorder.run_dir / "checkpoints" / "final", start.tokenizer)
@@ -250,9 +263,10 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
     objective = OBJECTIVES.get(cfg.algorithm.objective)
     learner, build_engine, state = start_learner(cfg, start, resume_from)
     engine = start_engine(cfg, start, build_engine)
-    sampler = objective.make_sampler(cfg, engine, tokenizer, start.task.splits["train"])
+    environment = build_environment(cfg, tokenizer=tokenizer, task=start.task)   # None: single-turn
+    sampler = objective.make_sampler(cfg, engine, tokenizer, start.task.splits["train"], environment)
     run = RunParts(learner, engine, RolloutPipeline(sampler, cfg, max_staleness=t.max_staleness), objective,
-                   RewardNormalizer(cfg.algorithm.reward_ema_decay), start.task.splits[t.eval_split])
+                   RewardNormalizer(cfg.algorithm.reward_ema_decay), start.task.splits[t.eval_split], environment)
     try:
         loop = begin(cfg, recorder, start, run, state)
         progress = ProgressLine(total=t.total_steps, desc=cfg.run_name, start=loop.step)
@@ -285,6 +299,8 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
         return finish(cfg, recorder, start, run, loop)
     finally:
         run.pipeline.close()
+        if environment is not None:
+            environment.close()
         run.engine.close()
 
 

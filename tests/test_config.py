@@ -14,7 +14,7 @@ from grpo_lab.schema import ConfigError
 register_configs()  # what every entry point does before Hydra composes
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = ["algorithm", "model", "task", "reward", "rollout", "learner", "logger"]
+GROUPS = ["algorithm", "model", "task", "reward", "rollout", "learner", "logger", "interaction"]
 
 
 def make(overrides=()):

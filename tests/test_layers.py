@@ -35,6 +35,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("rollout", ["grpo_lab.rollout"]),
     ("rewards", ["grpo_lab.rewards"]),                   # the LLM judge builds a model and an engine
     ("tasks", ["grpo_lab.tasks"]),
+    ("interaction", ["grpo_lab.interaction"]),           # multi-turn environments and rollouts
     ("loop phases", ["grpo_lab.evaluation", "grpo_lab.phases"]),
     ("objectives", ["grpo_lab.objectives"]),
     ("learner", ["grpo_lab.learner.learner"]),

@@ -59,8 +59,11 @@ class TensorBatch:
         """Real (prompt, completion) tokens per row [N], [N]; with several views (chosen/, rejected/)
         the longest of them, since each view is one forward of the same rows."""
         P = self.prompt_width
-        prompt = torch.stack([v[:, :P].sum(-1) for k, v in self.tensors.items() if k.endswith("attention_mask")])
-        completion = torch.stack([v.sum(-1) for k, v in self.tensors.items() if k.endswith("response_mask")])
+        masks = [v for k, v in self.tensors.items() if k.endswith("attention_mask")]
+        # From the attention mask, not response_mask: a multi-turn row's environment tokens are real
+        # completion tokens (read by the forward) that the loss ignores.
+        prompt = torch.stack([v[:, :P].sum(-1) for v in masks])
+        completion = torch.stack([v[:, P:].sum(-1) for v in masks])
         return prompt.amax(0).long(), completion.amax(0).long()
 
     def trim(self, prompt_width: int, completion_width: int) -> "TensorBatch":
@@ -92,11 +95,14 @@ def padded_rows(rows: list[list], width: int, fill, dtype: torch.dtype, *, left:
 
 
 def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-            sampler_logprobs: list[list[float]] | None = None) -> TensorBatch:
+            sampler_logprobs: list[list[float]] | None = None,
+            loss_masks: list[list[int]] | None = None) -> TensorBatch:
     """Pad N (prompt, completion) pairs into the layout above.
 
     Returns tensors: input_ids, attention_mask, position_ids [N, P+T]; completion_ids,
-    response_mask [N, T]; sampler_logprobs [N, T] when given (0 at padding).
+    response_mask [N, T]; sampler_logprobs [N, T] when given (0 at padding). `loss_masks` (a
+    multi-turn rollout's, 1 = the actor's token, 0 = the environment's) multiply into response_mask,
+    so nothing trains on what the environment wrote; attention_mask still reads every token.
     """
     P = max(len(p) for p in prompt_ids)
     T = max(1, max(len(c) for c in completion_ids))
@@ -105,8 +111,11 @@ def collate(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id
     input_ids = torch.cat([prompt, completion], 1)
     attention = torch.cat([prompt_real, completion_real], 1).long()
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    response_mask = completion_real.float()
+    if loss_masks is not None:
+        response_mask = response_mask * padded_rows(loss_masks, T, 0.0, torch.float32, left=False)[0]
     tensors = {"input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids,
-               "completion_ids": completion, "response_mask": completion_real.float()}
+               "completion_ids": completion, "response_mask": response_mask}
     if sampler_logprobs is not None:
         # Only rows with a completion carry logprobs (an empty completion has none, whatever was passed).
         rows = [lp if c else [] for lp, c in zip(sampler_logprobs, completion_ids)]

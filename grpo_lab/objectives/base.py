@@ -53,11 +53,13 @@ class Objective:
     def check(self, cfg, errors: list[str]) -> None:
         """Append a message (naming the key and what to change) for every setting that cannot work."""
 
-    def make_sampler(self, cfg, engine, tokenizer, train_items: list):
-        """Where a step's sequences come from: by default the engine's groups of G samples per prompt."""
+    def make_sampler(self, cfg, engine, tokenizer, train_items: list, environment=None):
+        """Where a step's sequences come from: by default the engine's groups of G samples per prompt
+        (G conversations per prompt with a multi-turn `environment`, grpo_lab.interaction)."""
         from grpo_lab.phases import GroupSampler, PromptStream
 
-        return GroupSampler(engine, tokenizer, PromptStream(train_items, cfg.seed), cfg, seed=cfg.seed)
+        return GroupSampler(engine, tokenizer, PromptStream(train_items, cfg.seed), cfg, seed=cfg.seed,
+                            environment=environment)
 
     def prepare(self, batch, algo, *, normalizer, step: int, seed: int = 0):
         """Scored ``TensorBatch`` -> (the batch this objective trains on, metrics). ``seed`` (the run's)

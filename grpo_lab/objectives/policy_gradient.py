@@ -78,8 +78,10 @@ class PolicyGradient(Objective):
         the best-of-group anchor's weights)."""
         mask = batch["response_mask"]
         rewards = normalizer(batch["rewards"])
-        # The scalar outcome reward sits on the last real token (outcome-reward convention of verl/OpenRLHF).
-        last = (mask.sum(-1).long() - 1).clamp(min=0)                        # [N]
+        # The scalar outcome reward sits on the last real token (outcome-reward convention of verl/OpenRLHF):
+        # the last the actor wrote, which in a multi-turn row need not be the mask's sum − 1.
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        last = torch.where(mask > 0, positions, torch.zeros_like(positions)).amax(-1)   # [N]
         token_rewards = torch.zeros_like(mask)
         token_rewards[torch.arange(len(batch)), last] = rewards * (mask.sum(-1) > 0)
         metrics = {}

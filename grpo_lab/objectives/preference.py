@@ -124,11 +124,11 @@ class Preference(Objective):
             errors.append(f"algorithm.preference.pairs={pref.pairs!r} is not a file; give a local JSONL file "
                           "with prompt/chosen/rejected fields, or pairs=policy to pair the policy's own samples")
 
-    def make_sampler(self, cfg, engine, tokenizer, train_items: list):
+    def make_sampler(self, cfg, engine, tokenizer, train_items: list, environment=None):
         if cfg.algorithm.preference.pairs != "policy":
             return PairFileSampler(cfg.algorithm.preference.pairs, tokenizer, seed=cfg.seed,
                                    label_flip_prob=cfg.algorithm.preference.label_flip_prob)
-        return super().make_sampler(cfg, engine, tokenizer, train_items)
+        return super().make_sampler(cfg, engine, tokenizer, train_items, environment)
 
     def prepare(self, batch, algo, *, normalizer, step: int, seed: int = 0):
         """(chosen, rejected) pairs from each scored group by the registered pairing, each swapped

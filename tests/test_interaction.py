@@ -1,0 +1,336 @@
+"""Multi-turn rollouts (grpo_lab/interaction): the verifier's feedback texts, the turn rewards, the token
+layout between turns (character model and a chat template), the multi-turn rollout's structure, the
+learner never training on environment tokens, validation, and runs on the tiny model (2 steps; a
+plug-in environment's run killed and resumed equals an uninterrupted one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from helpers import REPO, TINY_RUN, read_metrics, run_train, train_in_process
+from grpo_lab.config import finalize, register_configs, validate
+from grpo_lab.interaction import ENVIRONMENTS, message_alphabet, multi_turn_rollout, reference_problem
+from grpo_lab.interaction.rewards import conversation_metrics, each_turn, final, improvement, padded_turns
+from grpo_lab.interaction.rollout import TURN_SEED_STRIDE
+from grpo_lab.interaction.verifier import verifier_message
+from grpo_lab.models import MODEL_BUILDERS, build_char_tokenizer
+from grpo_lab.prompts import configure_tokenizer, encode_prompt, environment_turn_ids
+from grpo_lab.rollout import Rollout
+from grpo_lab.schema import AlgorithmConfig, ConfigError, LearnerConfig
+from grpo_lab.tasks import Task, TaskItem
+
+CHARS = "0123456789-=" + message_alphabet({"environment": "verifier_feedback"})
+
+
+def item(answer: str, fmt: str = "plain", prompt: str = "15-43=") -> TaskItem:
+    return TaskItem(prompt=prompt, answer=answer, solution=answer, fields={"answer_format": fmt})
+
+
+# ------------------------------------------------------------------ verifier_feedback
+
+
+@pytest.mark.parametrize("text,message", [("-28", "correct"), ("-30", "wrong: too low"), ("5", "wrong: too high"),
+                                          ("28", "wrong: off by a sign"), ("", "wrong: no answer found"),
+                                          ("abc", "wrong")])
+def test_verifier_feedback_texts(text, message):
+    assert verifier_message(text, item("-28")) == message
+
+
+def test_verifier_reads_the_items_answer_format_and_non_numeric_references():
+    assert verifier_message("worked it out", item("-28", "hash")) == "wrong: no answer found"
+    assert verifier_message("so\n#### 30", item("-28", "hash")) == "wrong: too high"
+    assert verifier_message("dog", item("cat")) == "wrong"
+    assert verifier_message("0", item("0")) == "correct" and verifier_message("1", item("0")) == "wrong: too high"
+
+
+def test_verifier_replies_done_exactly_when_correct():
+    env = ENVIRONMENTS.get("verifier_feedback")(None, tokenizer=None, task=None)
+    right, wrong = env.reply([item("-28"), item("-28")], [["-28"], ["-30"]], seed=0, greedy=True)
+    assert (right.done, right.verdict, right.message) == (True, True, None)
+    assert (wrong.done, wrong.verdict, wrong.message) == (False, False, "wrong: too low")
+    assert ENVIRONMENTS.fact("verifier_feedback", "learns") is False
+
+
+# ------------------------------------------------------------------ turn rewards (pure)
+
+
+def test_turn_reward_options_by_hand():
+    rewards, n_turns = padded_turns([[0.0, 1.0], [1.0, 0.0], [1.0], [0.0, 0.0]])
+    assert rewards.tolist() == [[0, 1], [1, 0], [1, 0], [0, 0]] and n_turns.tolist() == [2, 2, 1, 2]
+    assert final(rewards, n_turns).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert each_turn(rewards, n_turns).tolist() == [0.5, 0.5, 1.0, 0.0]
+    # r_K + α (r_K − r_1), α = 0.5: wrong → right 1.5, right → wrong −0.5, one turn r_1, wrong → wrong 0
+    assert improvement(rewards, n_turns, improvement_coef=0.5).tolist() == [1.5, -0.5, 1.0, 0.0]
+
+
+def test_reward_phase_scores_every_actor_turn():
+    from grpo_lab.phases import reward_phase
+
+    rollout = Rollout([[1], [1]], [[4], [4]], [[0.0], [0.0]], ["-28", "-30"], [0, 0], [False, False],
+                      loss_masks=[[1], [1]], turns=[["-30", "wrong: too low", "-28"], ["-28", "wrong", "-30"]],
+                      verdicts=[[False], [True]], env_info=[[{}], [{}]])
+    cfg = make(["interaction=verifier_feedback", "interaction.reward=improvement", "reward=correctness"])
+    scored, metrics = reward_phase(rollout, [item("-28")], cfg.reward, cfg.algorithm, max_new_tokens=8, seed=0,
+                                   interaction_cfg=cfg.interaction)
+    assert scored.rewards.tolist() == [2.0, -1.0] and scored.correct.tolist() == [1.0, 0.0]
+    assert scored.info["turn_rewards"] == [[0.0, 1.0], [1.0, 0.0]]
+    assert metrics["reward/correctness_binary"] == 0.5          # the last answers'
+    assert conversation_metrics(scored.info["turn_correct"]) == {
+        "interaction/first_acc": 0.5, "interaction/final_acc": 0.5, "interaction/wrong_to_right": 0.5,
+        "interaction/right_to_wrong": 0.5, "interaction/turns_mean": 2.0}
+    assert scored.sample_rows(1)[0]["turns"] == ["-30", "wrong: too low", "-28"]
+
+
+# ------------------------------------------------------------------ the tokens between turns
+
+
+def test_char_tokenizer_format_after_eos():
+    tok = build_char_tokenizer(CHARS)
+    message = tok.encode("?wrong: too low\n", add_special_tokens=False)
+    answer = tok.encode("-30", add_special_tokens=False)
+    assert environment_turn_ids(tok, "wrong: too low", answer_ids=answer + [tok.eos_token_id]) == message
+    assert environment_turn_ids(tok, "wrong: too low", answer_ids=answer) == [tok.eos_token_id, *message]
+    assert tok.unk_token_id not in message
+    assert message_alphabet({"environment": None}) == ""      # single-turn: the tiny model's alphabet unchanged
+
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def chat_tokenizer():
+    """A tokenizer with a ChatML chat template (SmolLM2-Instruct's), built offline from characters."""
+    tok = build_char_tokenizer(CHARS + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = CHATML
+    return tok
+
+
+def _template_ids(tok, messages):
+    out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_chat_template_format_is_what_the_template_renders(system):
+    tok = configure_tokenizer(chat_tokenizer(), system_prompt=system)
+    prompt, answer = encode_prompt(tok, "15-43="), tok.encode("-30", add_special_tokens=False)
+    reference = _template_ids(tok, [*([{"role": "system", "content": system}] if system else []),
+                                    {"role": "user", "content": "15-43="}, {"role": "assistant", "content": "-30"},
+                                    {"role": "user", "content": "wrong: too low"}])
+    eos = tok.eos_token_id
+    ended = environment_turn_ids(tok, "wrong: too low", answer_ids=answer + [eos])
+    assert prompt + answer + [eos] + ended == reference                  # the sampled EOS is not written twice
+    cut = environment_turn_ids(tok, "wrong: too low", answer_ids=answer)   # cut at max_new_tokens: closed here
+    assert prompt + answer + cut == reference
+
+
+# ------------------------------------------------------------------ the multi-turn rollout
+
+
+class ScriptedEngine:
+    """An engine whose call c answers row k with script[c][k] + <eos>; records each call."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script, self.calls = tok, script, []
+
+    def generate(self, prompt_ids, *, n, temperature, top_p, max_new_tokens, seed, logprobs=True):
+        texts = self.script[len(self.calls)]
+        self.calls.append({"prompts": [list(p) for p in prompt_ids], "n": n, "seed": seed})
+        out = Rollout([], [], [], [], [], [])
+        for k in range(len(prompt_ids) * n):
+            ids = self.tok.encode(texts[k], add_special_tokens=False) + [self.tok.eos_token_id]
+            out.prompt_ids.append(list(prompt_ids[k // n]))
+            out.completion_ids.append(ids)
+            out.sampler_logprobs.append([-0.5] * len(ids) if logprobs else [])
+            out.texts.append(texts[k])
+            out.group_ids.append(k // n)
+            out.truncated.append(False)
+        return out
+
+
+def test_multi_turn_rollout_layout():
+    tok = build_char_tokenizer(CHARS)
+    env = ENVIRONMENTS.get("verifier_feedback")(None, tokenizer=tok, task=None)
+    engine = ScriptedEngine(tok, [["-30", "-28"], ["-28"]])
+    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8})
+    out = multi_turn_rollout(engine, tok, [item("-28")], env, group_size=2, max_turns=3, rollout_cfg=sampling, seed=5)
+    prompt = encode_prompt(tok, "15-43=")
+    first = tok.encode("-30", add_special_tokens=False) + [tok.eos_token_id]
+    message = tok.encode("?wrong: too low\n", add_special_tokens=False)
+    second = tok.encode("-28", add_special_tokens=False) + [tok.eos_token_id]
+    assert len(engine.calls) == 2                  # turn 3 never runs: both conversations ended "correct"
+    assert engine.calls[1] == {"prompts": [prompt + first + message], "n": 1, "seed": 5 + 2 * TURN_SEED_STRIDE}
+    assert out.prompt_ids == [prompt, prompt] and out.group_ids == [0, 0]
+    assert out.completion_ids == [first + message + second, second]
+    assert out.loss_masks == [[1] * len(first) + [0] * len(message) + [1] * len(second), [1] * len(second)]
+    assert out.sampler_logprobs[0] == [-0.5] * len(first) + [0.0] * len(message) + [-0.5] * len(second)
+    assert out.turns == [["-30", "wrong: too low", "-28"], ["-28"]] and out.texts == ["-28", "-28"]
+    assert out.verdicts == [[False, True], [True]]
+    picked = Rollout.concat([out.select([1]), out.select([0])])
+    assert picked.turns == [out.turns[1], out.turns[0]] and picked.loss_masks == [out.loss_masks[1], out.loss_masks[0]]
+
+
+def test_a_plug_in_environment_by_import_path():
+    tok = build_char_tokenizer(CHARS)
+    env = ENVIRONMENTS.get("interaction_plugins:Hint")(None, tokenizer=tok, task=None)
+    engine = ScriptedEngine(tok, [["-30", "-28"], ["-29", "-27"]])
+    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8})
+    out = multi_turn_rollout(engine, tok, [item("-28")], env, group_size=2, max_turns=2, rollout_cfg=sampling, seed=0)
+    assert out.turns == [["-30", "hint: retry", "-29"], ["-28", "hint: retry", "-27"]]
+    assert out.verdicts == [[None], [None]] and out.env_info == [[{"seen": 1}], [{"seen": 1}]]
+    assert message_alphabet({"environment": "interaction_plugins:Hint"}) == message_alphabet(
+        {"environment": "verifier_feedback"})
+    validate(make(["interaction.environment=interaction_plugins:Hint", "interaction.max_turns=2"]))
+
+
+# ------------------------------------------------------------------ the learner never trains on environment tokens
+
+
+def test_environment_tokens_are_masked_and_actor_logprobs_match_a_fresh_forward(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_lab.learner.learner import Learner
+    from grpo_lab.objectives import OBJECTIVES
+    from grpo_lab.phases import RewardNormalizer, ScoredRollout, to_learner_batch
+
+    model_dir = MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet=CHARS, seed=0)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    env = ENVIRONMENTS.get("verifier_feedback")(None, tokenizer=tok, task=None)
+    engine = ScriptedEngine(tok, [["-30", "-28"], ["-28"]])
+    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8})
+    rollout = multi_turn_rollout(engine, tok, [item("-28")], env, group_size=2, max_turns=2, rollout_cfg=sampling,
+                                 seed=0)
+    scored = ScoredRollout(rollout, [item("-28")] * 2, torch.tensor([1.0, 0.5]), torch.tensor([1.0, 1.0]))
+    batch = to_learner_batch(scored, tok)
+    masks = [torch.tensor(m, dtype=torch.float32) for m in rollout.loss_masks]
+    T = batch["response_mask"].shape[1]
+    assert torch.equal(batch["response_mask"], torch.stack([torch.nn.functional.pad(m, (0, T - len(m))) for m in masks]))
+    assert (batch["response_mask"][0] == 0).sum() == 16           # "?wrong: too low\n" is the environment's
+    assert batch.lengths()[1].tolist() == [len(c) for c in rollout.completion_ids]   # env tokens are real tokens
+
+    algo = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), {"advantage": "reinforce_pp", "gamma": 0.5})
+    learner_cfg = OmegaConf.merge(OmegaConf.structured(LearnerConfig), {"device": "cpu", "grad_clip": 0.0})
+    learner = Learner(model_dir, objective=OBJECTIVES.get("policy_gradient"), learner_cfg=learner_cfg, algo_cfg=algo,
+                      temperature=1.0, seed=0, max_completion_len=8)
+    with torch.no_grad():
+        logprobs = learner.policy_logprobs(batch)[0]
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    for k, (p, c) in enumerate(zip(rollout.prompt_ids, rollout.completion_ids)):
+        with torch.no_grad():
+            logits = model(torch.tensor([p + c])).logits[0].float()
+        fresh = torch.log_softmax(logits[len(p) - 1:-1], -1).gather(-1, torch.tensor(c)[:, None]).squeeze(-1)
+        actor = masks[k].bool()
+        assert torch.allclose(logprobs[k, :len(c)][actor], fresh[actor], atol=1e-5)
+
+    prepared, _ = OBJECTIVES.get("policy_gradient").prepare(batch, algo, normalizer=RewardNormalizer(None), step=1)
+    last = len(rollout.completion_ids[0]) - 1          # the revision's <eos>: the last actor token
+    assert prepared["returns"][0, last] == 1.0 and prepared["returns"][1, len(rollout.completion_ids[1]) - 1] == 0.5
+    assert torch.equal(prepared["loss_mask"][0, :len(masks[0])], masks[0])
+
+
+# ------------------------------------------------------------------ validation
+
+
+CONF = REPO / "conf"
+
+
+def make(overrides=()):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return finalize(compose("config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["interaction=verifier_feedback", "interaction.max_turns=1"], "interaction.max_turns=1"),
+    (["interaction.max_turns=3"], "interaction.max_turns=3"),
+    (["interaction=verifier_feedback", "interaction.reward=best"], "interaction.reward"),
+    (["interaction.environment=nope"], "interaction.environment"),
+    (["interaction=verifier_feedback", "algorithm=dpo"], "algorithm.objective"),
+])
+def test_bad_interaction_settings_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(make(overrides), machine=False)
+
+
+def test_the_default_is_single_turn_and_verifier_feedback_validates():
+    cfg = make()
+    assert cfg.interaction.environment is None and cfg.interaction.max_turns == 1
+    validate(make(["interaction=verifier_feedback"]), machine=False)
+
+
+def test_an_environment_that_compares_answers_needs_references():
+    task = Task("t", {"train": [item("-28"), item(" ")], "dev": [item("1")], "test": [item("2")]})
+    problem = reference_problem({"environment": "verifier_feedback"}, task)
+    assert "interaction.environment=verifier_feedback" in problem and "1 items" in problem
+    assert reference_problem({"environment": None}, task) is None
+
+
+# ------------------------------------------------------------------ runs on the tiny model
+
+
+@pytest.fixture(scope="module")
+def multi_turn_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("multi_turn_cache")
+
+
+def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, multi_turn_cache, monkeypatch):
+    import grpo_lab.train as train
+
+    seen = []
+
+    def recording(scored, tokenizer, _real=train.to_learner_batch):
+        batch = _real(scored, tokenizer)
+        seen.append((scored.rollout.loss_masks, batch["response_mask"].clone()))
+        return batch
+
+    monkeypatch.setattr(train, "to_learner_batch", recording)
+    run_dir = tmp_path / "run"
+    code = train_in_process([*TINY_RUN, "rollout=hf", "interaction=verifier_feedback", "trainer.log_samples_every=1",
+                             f"hydra.run.dir={run_dir}", f"cache_dir={multi_turn_cache}"], monkeypatch)
+    assert code == 0, (run_dir / "summary.json").read_text() if (run_dir / "summary.json").exists() else code
+    lines = read_metrics(run_dir)
+    for m in lines[1:3]:
+        for key in ("first_acc", "final_acc", "wrong_to_right", "right_to_wrong", "turns_mean", "env_tokens_mean"):
+            assert f"interaction/{key}" in m
+        assert 1.0 <= m["interaction/turns_mean"] <= 2.0
+    assert {"eval/first_acc", "eval/wrong_to_right", "eval/right_to_wrong"} <= set(lines[0]) & set(lines[-1])
+    assert len(seen) == 2
+    env_tokens = 0
+    for masks, response_mask in seen:
+        for k, m in enumerate(masks):
+            assert response_mask[k, :len(m)].tolist() == [float(x) for x in m]
+            env_tokens += m.count(0)
+    assert env_tokens > 0 or all(m["interaction/turns_mean"] == 1.0 for m in lines[1:3])
+    rows = [json.loads(s) for s in (run_dir / "samples.jsonl").read_text().splitlines() if s.strip()]
+    assert rows and all("turns" in r for r in rows)
+
+
+def test_kill_9_then_resume_with_a_plug_in_environment_equals_an_uninterrupted_run(tmp_path, multi_turn_cache,
+                                                                                    monkeypatch):
+    from test_resume import comparable, kill_after_step
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    run = [*TINY_RUN, "rollout=hf", "interaction.environment=interaction_plugins:Hint", "interaction.max_turns=2",
+           "interaction.reward=improvement", "trainer.total_steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
+    ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
+    proc = run_train(run, ref_dir, multi_turn_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kill_after_step(run, run_dir, multi_turn_cache, step=3)       # checkpoint at 2; step 3 is lost
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(run_dir)], cwd=REPO, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed, reference = read_metrics(run_dir), read_metrics(ref_dir)
+    assert [m["step"] for m in resumed] == [m["step"] for m in reference] == [0, 1, 2, 3, 4, 4]
+    assert [m["hint/steps"] for m in reference[1:5]] == [1.0, 2.0, 3.0, 4.0]   # the environment's state came back
+    assert comparable(resumed) == comparable(reference)
