@@ -101,10 +101,11 @@ def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: in
 
 
 def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new_tokens: int,
-                 seed: int, interaction_cfg=None) -> tuple[ScoredRollout, dict]:
+                 seed: int, interaction_cfg=None, judge_seed: int = 0) -> tuple[ScoredRollout, dict]:
     """Weighted sum of the registered reward functions (each sample contained: a function that raises,
-    returns NaN or times out scores `reward.on_error` and is counted), then `reward.noise` (seeded by
-    the rollout's `seed`), plus DAPO's soft overlong punishment. A multi-turn rollout scores every
+    returns NaN or times out scores `reward.on_error` and is counted), then `reward.noise` (its draws
+    seeded by the rollout's `seed`, the judge's fixed per-prompt bias by the run's `judge_seed`), plus
+    DAPO's soft overlong punishment. A multi-turn rollout scores every
     actor answer and combines them by `interaction.reward` (grpo_lab.interaction.score_turns)."""
     seq_items = [items[g] for g in rollout.group_ids]
     if rollout.turns is not None:
@@ -121,7 +122,7 @@ def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new
     if reward_cfg.noise.kind != "none":
         info = {**info, "clean_reward": [float(r) for r in rewards]}   # next to the noisy one in samples
         rewards, realised = noisy_rewards(rewards, rollout, seq_items, reward_cfg.noise, seed=seed,
-                                          max_new_tokens=max_new_tokens)
+                                          judge_seed=judge_seed, max_new_tokens=max_new_tokens)
         metrics.update(realised)
     if algo_cfg.overlong.soft_buffer > 0:
         lengths = torch.tensor([len(c) for c in rollout.completion_ids])
@@ -133,12 +134,14 @@ def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new
 
 
 def noisy_rewards(clean: torch.Tensor, rollout: Rollout, seq_items: list, noise_cfg, *, seed: int,
-                  max_new_tokens: int) -> tuple[torch.Tensor, dict]:
+                  max_new_tokens: int, judge_seed: int = 0) -> tuple[torch.Tensor, dict]:
     """`reward.noise` on a rollout's rewards [N], with its realised-noise metrics under reward/. The
-    generator is seeded by the rollout's own seed, so a resumed run draws the same noise."""
+    per-sample draws come from a generator seeded by the rollout's own seed, so a resumed run draws the
+    same noise; what the noise model holds fixed for the whole run (judge_like's bias per prompt text)
+    is seeded by `judge_seed` (the run's seed), so a prompt met again in a later step keeps its bias."""
     generator = torch.Generator().manual_seed(seed + _NOISE_SEED_OFFSET)
     noisy, metrics = REWARD_NOISE.call(
-        noise_cfg.kind, clean, generator=generator, seed=seed, max_new_tokens=max_new_tokens,
+        noise_cfg.kind, clean, generator=generator, seed=judge_seed, max_new_tokens=max_new_tokens,
         prompt_keys=torch.tensor([zlib.crc32(repr(it.prompt).encode()) for it in seq_items]),
         lengths=torch.tensor([len(c) for c in rollout.completion_ids]),
         **OmegaConf.to_container(noise_cfg, resolve=True))
@@ -196,7 +199,7 @@ class GroupSampler:
         t1 = time.time()
         scored, metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
                                        max_new_tokens=self.cfg.rollout.max_new_tokens, seed=seed,
-                                       interaction_cfg=interaction)
+                                       interaction_cfg=interaction, judge_seed=self.seed)
         for key in ("reward/errors", "reward/timeouts"):  # counts add up over dynamic-sampling rounds
             metrics[key] = metrics.get(key, 0.0) + self.reward_metrics.get(key, 0.0)
         self.reward_metrics = metrics

@@ -91,3 +91,24 @@ def test_flip_pairs_swaps_at_rate_p():
     assert abs(flipped.float().mean().item() - p) <= 4 * (p * (1 - p) / n) ** 0.5
     assert torch.equal(c[flipped], rejected[flipped]) and torch.equal(r[flipped], chosen[flipped])
     assert torch.equal(c[~flipped], chosen[~flipped]) and torch.equal(r[~flipped], rejected[~flipped])
+
+
+def test_a_prompt_keeps_its_judge_bias_across_steps_of_a_run():
+    """judge_like's bias belongs to the judge: the same prompt text met in two steps (two rollout seeds)
+    gets the same bias, from the run's seed; the per-sample draws still follow the rollout's seed."""
+    from omegaconf import OmegaConf
+
+    from grpo_lab.phases import noisy_rewards
+    from grpo_lab.rollout import Rollout
+    from grpo_lab.tasks.base import TaskItem
+
+    noise = OmegaConf.create({"kind": "judge_like", "flip_prob": 0.0, "std": 0.0, "prompt_bias_std": 1.0,
+                              "length_bias": 0.0})
+    items = [TaskItem(prompt="12+3=", answer="15", solution="15"), TaskItem(prompt="7-9=", answer="-2", solution="-2")]
+    rollout = Rollout([[1]] * 2, [[5]] * 2, [[0.0]] * 2, ["15", "3"], [0, 1], [False, False])
+    clean = torch.tensor([1.0, 0.0])
+    step_a, _ = noisy_rewards(clean, rollout, items, noise, seed=101, judge_seed=3, max_new_tokens=8)
+    step_b, _ = noisy_rewards(clean, rollout, items, noise, seed=202, judge_seed=3, max_new_tokens=8)
+    other_run, _ = noisy_rewards(clean, rollout, items, noise, seed=101, judge_seed=4, max_new_tokens=8)
+    assert torch.equal(step_a, step_b) and not torch.equal(step_a, other_run)
+    assert step_a[0] - 1.0 != step_a[1]          # two prompts, two biases
