@@ -321,6 +321,7 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
     """Multi-turn rollouts: a registered (or importable) environment, at least two turns with one, a
     registered turn reward, and the parts of the lab that read whole completions turned off."""
     from grpo_lab.interaction import ENVIRONMENTS, TURN_REWARDS
+    from grpo_lab.interaction.demos import has_demo_message
 
     i = cfg.get("interaction")
     if i is None:
@@ -332,7 +333,15 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
         _check(i.max_turns == 1, f"interaction.max_turns={i.max_turns} needs an environment to reply between turns: "
                "set interaction.environment (e.g. interaction=verifier_feedback) or interaction.max_turns=1", errors)
         return
+    frac = i.get("warmup_revision_frac", 0.0)
+    _check(0 <= frac < 1, f"interaction.warmup_revision_frac={frac} must be in [0, 1) (the share of warm-up examples "
+           "that are revision demonstrations; 0 = none)", errors)
     if check_registered(ENVIRONMENTS, i.environment, "interaction.environment", errors):
+        _check(not frac or cfg.warmup.max_steps > 0, f"interaction.warmup_revision_frac={frac} adds demonstrations "
+               "to the warm-up SFT, which warmup.max_steps=0 turns off: set interaction.warmup_revision_frac=0", errors)
+        _check(not frac or has_demo_message(i.environment), f"interaction.warmup_revision_frac={frac}: environment "
+               f"{i.environment} cannot say what it would answer to a given answer (it has no demo_message), so "
+               "there are no demonstrations to make; set interaction.warmup_revision_frac=0", errors)
         _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),
                f"interaction.environment={i.environment} learns during the run, and with trainer.max_staleness="
                f"{cfg.trainer.max_staleness} it would reply to the next step while it trains on this one: set "

@@ -20,6 +20,7 @@ from transformers import AutoTokenizer
 
 from grpo_lab.schema import ConfigError
 from grpo_lab.interaction import message_alphabet, reference_problem
+from grpo_lab.interaction.demos import revision_demos
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
 from grpo_lab.warmup import cache_key, warmup_sft
@@ -101,9 +102,12 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
         return base_dir, {"skipped": True}
     # A dataset read from files is keyed by their content too: one edited in place gets a new warm-up.
     data = [task.info["data_sha256"]] if task.info.get("data_sha256") else []
-    warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed, *data)
+    # Revision demonstrations (interaction.warmup_revision_frac > 0) key the warm-up by what they hold.
+    demos = revision_demos(cfg, task.splits["train"], tokenizer, seed=cfg.seed)
+    demo_key = [cfg.interaction] if demos else []
+    warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed, *data, *demo_key)
     stats = warmup_sft(base_dir, warm_dir, task, cfg.warmup, max_new_tokens=cfg.rollout.max_new_tokens,
-                       seed=cfg.seed, device=device)
+                       seed=cfg.seed, device=device, demos=demos)
     return warm_dir, stats
 
 

@@ -497,6 +497,12 @@ class InteractionConfig:
     reward: str = "final"
     # α of reward=improvement.
     improvement_coef: float = 1.0
+    # Share of the warm-up SFT's examples that are revision demonstrations: the prompt, a wrong answer, the
+    # environment's message to it, then the worked solution. A model that never saw the multi-turn format
+    # (the tiny character model) learns from them to read a message and answer again; a chat model needs
+    # none (0, the default, adds nothing). The environment must say what it would answer
+    # (its `demo_message`).
+    warmup_revision_frac: float = 0.0
 
 
 @dataclass

@@ -16,7 +16,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,8 +67,11 @@ class SFTProgress:
 
 def sft_loop(model, tokenizer, optimizer, items: list, *, batch_size: int, seed: int, device,
              max_steps: int | None = None, max_train_s: float | None = None,
-             on_step: Callable[[SFTProgress], bool | None] | None = None) -> SFTProgress:
-    """Supervised training on `items`' worked solutions (the warm-up and the matched-compute SFT control).
+             on_step: Callable[[SFTProgress], bool | None] | None = None,
+             extra: Sequence[tuple[list[int], list[int]]] = ()) -> SFTProgress:
+    """Supervised training on `items`' worked solutions (the warm-up and the matched-compute SFT control),
+    and on `extra` ready-made (prompt ids, target ids) examples drawn from the same pool (the warm-up's
+    revision demonstrations, grpo_lab.interaction.demos).
 
     Batches of `batch_size` items are drawn with replacement from a generator seeded with `seed`.
     Stopping rule: after `max_steps` steps, or once `max_train_s` seconds were spent in steps
@@ -77,15 +80,15 @@ def sft_loop(model, tokenizer, optimizer, items: list, *, batch_size: int, seed:
     Returns the progress after the last step."""
     if max_steps is None and max_train_s is None:
         raise ValueError("sft_loop needs a stopping rule: max_steps and/or max_train_s")
-    prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
-    targets = [encode_target(tokenizer, it.solution) for it in items]
+    prompts = [encode_prompt(tokenizer, it.prompt) for it in items] + [p for p, _ in extra]
+    targets = [encode_target(tokenizer, it.solution) for it in items] + [t for _, t in extra]
     gen = torch.Generator().manual_seed(seed)
     state = SFTProgress(step=0, loss=float("nan"), step_time_s=0.0, trained_s=0.0, samples=0)
     while ((max_steps is None or state.step < max_steps)
            and (max_train_s is None or state.trained_s < max_train_s)):
         model.train()   # an evaluation in on_step may have left the model in eval mode
         t0 = time.time()
-        idx = torch.randint(len(items), (batch_size,), generator=gen).tolist()
+        idx = torch.randint(len(prompts), (batch_size,), generator=gen).tolist()
         batch = collate([prompts[i] for i in idx], [targets[i] for i in idx], tokenizer.pad_token_id).to(device)
         loss = sft_step(model, optimizer, batch)
         dt = time.time() - t0
@@ -96,8 +99,9 @@ def sft_loop(model, tokenizer, optimizer, items: list, *, batch_size: int, seed:
 
 
 def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int, seed: int,
-               device: torch.device) -> dict:
-    """Train `base_dir`'s model on task.splits['train'] solutions; save to `out_dir`; return stats.
+               device: torch.device, demos: Sequence[tuple[list[int], list[int]]] = ()) -> dict:
+    """Train `base_dir`'s model on task.splits['train'] solutions (and `demos`, extra (prompt ids,
+    target ids) examples); save to `out_dir`; return stats.
 
     Parallel jobs (joblib, Slurm) asking for the same entry wait on a file lock: one builds it,
     the others then read it from the cache."""
@@ -107,11 +111,12 @@ def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int,
         fcntl.flock(lock, fcntl.LOCK_EX)
         if cfg.cache and done.exists():
             return {**json.loads(done.read_text()), "cached": True}
-        return _train_warmup(base_dir, out_dir, task, cfg, max_new_tokens=max_new_tokens, seed=seed, device=device)
+        return _train_warmup(base_dir, out_dir, task, cfg, max_new_tokens=max_new_tokens, seed=seed, device=device,
+                             demos=demos)
 
 
 def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int, seed: int,
-                  device: torch.device) -> dict:
+                  device: torch.device, demos: Sequence[tuple[list[int], list[int]]] = ()) -> dict:
     done = out_dir / "warmup.json"
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
@@ -122,7 +127,7 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
     start, history, acc = time.time(), [], 0.0
     tty = sys.stdout.isatty()
     say(f"warm-up SFT: up to {cfg.max_steps} steps of {cfg.batch_size} worked solutions ({len(task.splits['train'])} "
-        f"train items), sampled dev accuracy on {len(dev)} items every {cfg.eval_every} steps, stopping at "
+        f"train items{f' + {len(demos)} revision demonstrations' if demos else ''}), sampled dev accuracy on {len(dev)} items every {cfg.eval_every} steps, stopping at "
         f"{cfg.target_sampled_dev_accuracy:.0%}; cached in {out_dir}")
     bar = tqdm(total=cfg.max_steps, desc="warm-up SFT", dynamic_ncols=True, file=sys.stdout, disable=not tty)
     # In a log file (no TTY) the bar is off: a line every ~30 s or 10 % of the steps instead.
@@ -145,7 +150,7 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
         return acc >= cfg.target_sampled_dev_accuracy
 
     last = sft_loop(model, tokenizer, optimizer, task.splits["train"], batch_size=cfg.batch_size, seed=seed,
-                    device=device, max_steps=cfg.max_steps, on_step=on_step)
+                    device=device, max_steps=cfg.max_steps, on_step=on_step, extra=demos)
     bar.close()
     with torch.no_grad():
         greedy = evaluate(engine, tokenizer, dev, max_new_tokens=max_new_tokens, seed=seed)["eval/accuracy"]

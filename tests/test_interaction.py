@@ -257,6 +257,11 @@ def make(overrides=()):
     (["interaction=verifier_feedback", "interaction.reward=best"], "interaction.reward"),
     (["interaction.environment=nope"], "interaction.environment"),
     (["interaction=verifier_feedback", "algorithm=dpo"], "algorithm.objective"),
+    (["interaction=verifier_feedback", "interaction.warmup_revision_frac=1.0"], "interaction.warmup_revision_frac=1.0"),
+    (["interaction=verifier_feedback", "interaction.warmup_revision_frac=0.5", "warmup.max_steps=0"],
+     "warmup.max_steps=0"),
+    (["interaction.environment=interaction_plugins.Hint", "interaction.max_turns=2",
+      "interaction.warmup_revision_frac=0.5"], "no demo_message"),
 ])
 def test_bad_interaction_settings_name_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -334,3 +339,48 @@ def test_kill_9_then_resume_with_a_plug_in_environment_equals_an_uninterrupted_r
     assert [m["step"] for m in resumed] == [m["step"] for m in reference] == [0, 1, 2, 3, 4, 4]
     assert [m["hint/steps"] for m in reference[1:5]] == [1.0, 2.0, 3.0, 4.0]   # the environment's state came back
     assert comparable(resumed) == comparable(reference)
+
+
+# ------------------------------------------------------------------ revision demonstrations
+
+
+def test_demo_count_makes_the_demonstrations_the_asked_share():
+    from grpo_lab.interaction.demos import demo_count
+
+    assert demo_count(300, 0.0) == 0 and demo_count(300, 0.5) == 300 and demo_count(300, 0.25) == 100
+
+
+@pytest.mark.parametrize("answer", ["-28", "7", "0", "cat"])
+def test_wrong_answers_are_wrong_and_written_in_the_items_format(answer):
+    import random
+
+    from grpo_lab.interaction.verifier import wrong_answer
+
+    rng, others = random.Random(0), [item("dog"), item("-28")]
+    for fmt in ("plain", "hash"):
+        for _ in range(50):
+            wrong = wrong_answer(item(answer, fmt), rng, max_offset=10, others=others)
+            assert verifier_message(wrong, item(answer, fmt)) not in ("correct", "wrong: no answer found")
+
+
+def test_revision_demos_have_the_token_layout_of_a_second_turn():
+    """prompt + wrong answer + <eos> + the environment's message (the multi-turn rollout's own format) ->
+    the worked solution + <eos>; the message is the verifier's to that wrong answer."""
+    from grpo_lab.interaction.demos import revision_demos
+
+    tok = configure_tokenizer(build_char_tokenizer(CHARS))
+    items = [item("-28"), item("-2", prompt="5-7=")]
+    cfg = OmegaConf.create({"interaction": {"environment": "verifier_feedback", "warmup_revision_frac": 0.5}})
+    demos = revision_demos(cfg, items, tok, seed=3)
+    assert len(demos) == 2
+    for prompt_ids, target_ids in demos:
+        text = tok.decode(prompt_ids)
+        question = next(it for it in items if text.startswith("<bos>" + it.prompt))
+        wrong = text[len("<bos>" + question.prompt):].split("<eos>")[0]
+        message = verifier_message(wrong, question)
+        assert message != "correct"
+        assert prompt_ids == (encode_prompt(tok, question.prompt) + tok.encode(wrong, add_special_tokens=False)
+                              + [tok.eos_token_id] + environment_turn_ids(tok, message, answer_ids=[tok.eos_token_id]))
+        assert target_ids == tok.encode(question.solution, add_special_tokens=False) + [tok.eos_token_id]
+    off = OmegaConf.create({"interaction": {"environment": "verifier_feedback", "warmup_revision_frac": 0.0}})
+    assert revision_demos(off, items, tok, seed=3) == [] and revision_demos(OmegaConf.create({}), items, tok, seed=3) == []

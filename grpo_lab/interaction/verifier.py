@@ -15,12 +15,13 @@ verdict = the answer is correct. It learns nothing and has no state.
 
 from __future__ import annotations
 
+import random
 from fractions import Fraction
 from typing import Any
 
 from grpo_lab.interaction import ENVIRONMENTS
 from grpo_lab.interaction.base import EnvReply, StepRecord
-from grpo_lab.rewards import extract_answer, is_correct
+from grpo_lab.rewards import extract_answer, format_solution, is_correct
 
 CORRECT = "correct"
 FEEDBACK = ("wrong: no answer found", "wrong: off by a sign", "wrong: too high", "wrong: too low", "wrong")
@@ -49,8 +50,27 @@ def verifier_message(answer_text: str, item: Any) -> str:
     return "wrong: too high" if got > want else "wrong: too low" if got < want else "wrong"
 
 
+def wrong_answer(item: Any, rng: random.Random, *, max_offset: int, others: list) -> str:
+    """A wrong answer to `item`, written in its answer format: the reference ± 1..max_offset, or (one time
+    in five) its sign flipped; a non-numeric reference is replaced by another item's answer. For synthetic
+    examples of what the verifier says to wrong answers (revision demonstrations, a critic's warm-up)."""
+    fmt = item.fields.get("answer_format") or "plain"
+    ref = str(item.answer).strip()
+    if not ref.lstrip("-").isdigit():
+        wrong = [str(o.answer).strip() for o in others if str(o.answer).strip() != ref] or [ref + "0"]
+        return format_solution(rng.choice(wrong), fmt)
+    value = int(ref)
+    flip = value != 0 and rng.random() < 0.2
+    return format_solution(str(-value if flip else value + rng.choice([-1, 1]) * rng.randint(1, max_offset)), fmt)
+
+
 class VerifierFeedback:
     """Environment (grpo_lab.interaction.base.Environment) replying with `verifier_message`."""
+
+    @staticmethod
+    def demo_message(cfg: Any, item: Any, answer: str) -> str:
+        """What this environment says to `answer` (for revision demonstrations in the warm-up)."""
+        return verifier_message(answer, item)
 
     def __init__(self, cfg: Any = None, *, tokenizer: Any = None, task: Any = None):
         del cfg, tokenizer, task   # the items carry everything the verifier reads

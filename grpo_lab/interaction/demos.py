@@ -1,0 +1,58 @@
+"""Revision demonstrations for the warm-up SFT: two-turn examples that teach a model the multi-turn
+format before RL (interaction.warmup_revision_frac).
+
+One demonstration of a train item: the prompt, a wrong answer to it (`verifier.wrong_answer`), the
+environment's message to that answer (its `demo_message`), and then, as the supervised target, the
+item's worked solution:
+
+    prompt ids + wrong answer ids (+ <eos>) + environment_turn_ids(message)  ->  solution ids + <eos>
+
+so the model sees exactly the token layout of a multi-turn rollout's second turn and learns that a
+message after its answer asks for a new one. The tiny character model needs this (it never saw a second
+turn); warm-starting the revising turn with supervised demonstrations is also how SCoRe's baselines and
+Self-Correct start (Welleck et al. 2022, arXiv 2211.00053: a corrector trained on (wrong, better) pairs).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from grpo_lab.interaction import ENVIRONMENTS
+from grpo_lab.interaction.verifier import wrong_answer
+from grpo_lab.learner.batch import encode_prompt, encode_target
+from grpo_lab.prompts import environment_turn_ids
+
+# Wrong answers lie within this distance of the reference (or are its negation): near misses, which the
+# environments' messages ("too high", "too low") can say something useful about.
+MAX_OFFSET = 10
+
+
+def demo_count(n_items: int, frac: float) -> int:
+    """Demonstrations to add to `n_items` plain examples so that they are `frac` of all examples."""
+    return round(n_items * frac / (1.0 - frac)) if frac > 0 else 0
+
+
+def has_demo_message(name: str | None) -> bool:
+    """Whether the environment can say what it answers to a given answer (a `demo_message` method)."""
+    return name is not None and callable(getattr(ENVIRONMENTS.get(name), "demo_message", None))
+
+
+def revision_demos(cfg: Any, items: list, tokenizer: Any, *, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids) of the run's revision demonstrations (module docstring): none when
+    interaction.warmup_revision_frac is 0; otherwise demo_count(len(items), frac) of them, items drawn
+    with replacement from a generator seeded by `seed`."""
+    interaction = cfg.get("interaction") or {}
+    n = demo_count(len(items), float(interaction.get("warmup_revision_frac", 0.0) or 0.0))
+    if not n:
+        return []
+    message_of = ENVIRONMENTS.get(interaction.environment).demo_message
+    rng, eos = random.Random(seed), tokenizer.eos_token_id
+    demos = []
+    for _ in range(n):
+        item = rng.choice(items)
+        wrong = wrong_answer(item, rng, max_offset=MAX_OFFSET, others=items)
+        answer_ids = tokenizer.encode(wrong, add_special_tokens=False) + [eos]
+        turn = environment_turn_ids(tokenizer, message_of(cfg, item, wrong), answer_ids=answer_ids)
+        demos.append((encode_prompt(tokenizer, item.prompt) + answer_ids + turn, encode_target(tokenizer, item.solution)))
+    return demos
