@@ -383,4 +383,6 @@ def test_revision_demos_have_the_token_layout_of_a_second_turn():
                               + [tok.eos_token_id] + environment_turn_ids(tok, message, answer_ids=[tok.eos_token_id]))
         assert target_ids == tok.encode(question.solution, add_special_tokens=False) + [tok.eos_token_id]
     off = OmegaConf.create({"interaction": {"environment": "verifier_feedback", "warmup_revision_frac": 0.0}})
+    single = OmegaConf.create({"interaction": {"environment": None, "warmup_revision_frac": 0.5}})
     assert revision_demos(off, items, tok, seed=3) == [] and revision_demos(OmegaConf.create({}), items, tok, seed=3) == []
+    assert revision_demos(single, items, tok, seed=3) == []

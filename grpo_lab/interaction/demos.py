@@ -40,11 +40,11 @@ def has_demo_message(name: str | None) -> bool:
 
 def revision_demos(cfg: Any, items: list, tokenizer: Any, *, seed: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, target ids) of the run's revision demonstrations (module docstring): none when
-    interaction.warmup_revision_frac is 0; otherwise demo_count(len(items), frac) of them, items drawn
+    interaction.warmup_revision_frac is 0 or the run is single-turn; otherwise demo_count(len(items), frac) of them, items drawn
     with replacement from a generator seeded by `seed`."""
     interaction = cfg.get("interaction") or {}
     n = demo_count(len(items), float(interaction.get("warmup_revision_frac", 0.0) or 0.0))
-    if not n:
+    if not n or interaction.get("environment") is None:   # single-turn: nothing to demonstrate
         return []
     message_of = ENVIRONMENTS.get(interaction.environment).demo_message
     rng, eos = random.Random(seed), tokenizer.eos_token_id
