@@ -90,7 +90,9 @@ class CriticLLMConfig:
         max_steps=300, lr=1e-3, batch_size=128, target_sampled_dev_accuracy=1.0, eval_every=100))
     # Perturbed candidates lie 1..max_offset from the reference (or have its sign flipped).
     max_offset: int = 10
-    # Synthetic held-out pairs (from the task's dev split) the warm-up is scored on.
+    # Synthetic pairs per train item (a task with few items needs several), and held-out pairs (from
+    # the task's dev split) the warm-up is scored on.
+    warmup_pairs_per_item: int = 1
     warmup_dev_size: int = 200
     # false (frozen after the warm-up) | sft_top_bottom | rl.
     train: Any = False
@@ -154,8 +156,9 @@ def _config_errors(c: DictConfig) -> list[str]:
          f"interaction.critic.advantage={c.advantage!r}: an outcome estimator of ADVANTAGE_ESTIMATORS (e.g. group_mean)"),
         (c.policy_loss in POLICY_LOSSES, f"interaction.critic.policy_loss={c.policy_loss!r}; valid: "
                                          f"{', '.join(POLICY_LOSSES.names())}"),
-        (c.max_offset >= 1 and c.batch_size >= 1 and c.sft_steps >= 0 and c.rl_steps >= 0,
-         "interaction.critic.max_offset and batch_size must be >= 1, sft_steps and rl_steps >= 0"),
+        (min(c.max_offset, c.batch_size, c.warmup_pairs_per_item) >= 1 and min(c.sft_steps, c.rl_steps) >= 0,
+         "interaction.critic.max_offset, batch_size and warmup_pairs_per_item must be >= 1, sft_steps and "
+         "rl_steps >= 0"),
     ]
     return [message for ok, message in checks if not ok]
 
@@ -171,7 +174,8 @@ def warm_up_critic(base_dir: Path, task, fmt: FeedbackFormat, c: DictConfig, *, 
     (greedy_dev_accuracy: exact feedback on held-out pairs). The global torch RNG is left as it was."""
     if c.warmup.max_steps == 0:
         return base_dir, {"skipped": True}
-    data = synthetic_task(task, fmt, seed=seed, max_offset=c.max_offset, dev_size=c.warmup_dev_size)
+    data = synthetic_task(task, fmt, seed=seed, max_offset=c.max_offset, per_item=c.warmup_pairs_per_item,
+                          dev_size=c.warmup_dev_size)
     out_dir = Path(cache_dir) / "critic_warmup" / cache_key(c.model, c.warmup, fmt.name, c.max_new_tokens, seed,
                                                            items_digest(data))
     with torch.random.fork_rng(devices=[]):

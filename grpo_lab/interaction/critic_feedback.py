@@ -108,22 +108,24 @@ def candidate_answer(item: TaskItem, rng: random.Random, *, max_offset: int, oth
 
 
 def synthetic_items(items: list[TaskItem], fmt: FeedbackFormat, *, seed: int, max_offset: int,
-                    limit: int | None = None) -> list[TaskItem]:
-    """One supervised critic example per task item (the first `limit`): prompt = the critic's prompt
-    for (question, candidate answer), solution = answer = what the verifier would say, written in `fmt`."""
+                    per_item: int = 1, limit: int | None = None) -> list[TaskItem]:
+    """`per_item` supervised critic examples per task item (the first `limit` examples): prompt = the
+    critic's prompt for (question, candidate answer), solution = answer = what the verifier would say,
+    written in `fmt`."""
     rng = random.Random(seed)
     out = []
-    for item in items[:limit]:
+    for item in [it for it in items for _ in range(per_item)][:limit]:
         answer = candidate_answer(item, rng, max_offset=max_offset, others=items)
         target = fmt.texts[verifier_kind(item, answer)]
         out.append(TaskItem(fmt.prompt(item.prompt, answer), target, target, {"answer_format": "plain"}))
     return out
 
 
-def synthetic_task(task: Task, fmt: FeedbackFormat, *, seed: int, max_offset: int, dev_size: int) -> Task:
+def synthetic_task(task: Task, fmt: FeedbackFormat, *, seed: int, max_offset: int, per_item: int,
+                   dev_size: int) -> Task:
     """The critic's warm-up data: synthetic pairs from the task's train split (train) and from its dev
     split (dev, held out: the warm-up's stopping rule and accuracy are measured there)."""
-    splits = {"train": synthetic_items(task.splits["train"], fmt, seed=seed, max_offset=max_offset),
+    splits = {"train": synthetic_items(task.splits["train"], fmt, seed=seed, max_offset=max_offset, per_item=per_item),
               "dev": synthetic_items(task.splits["dev"], fmt, seed=seed + 1, max_offset=max_offset, limit=dev_size),
               "test": []}
     return Task(f"{task.name}_critic_{fmt.name}", splits)
