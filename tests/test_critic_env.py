@@ -11,10 +11,11 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_lab.interaction.base import EnvReply, StepRecord
-from grpo_lab.interaction.critic import CriticEnvironment, CriticLLMConfig, critic_config
-from grpo_lab.interaction.critic_feedback import (FEEDBACK_FORMATS, candidate_answer, revision_reward, top_bottom,
-                                                  verifier_kind)
+from grpo_lab.interaction.critic import CriticEnvironment, CriticLLMConfig, critic_config, feedback_format
+from grpo_lab.interaction.critic_feedback import (FEEDBACK_FORMATS, KINDS, candidate_answer, revision_reward,
+                                                  top_bottom, verifier_kind)
 from grpo_lab.learner.batch import collate, completion_logits, token_logprobs
+from grpo_lab.models import build_char_tokenizer
 from grpo_lab.schema import ConfigError
 from grpo_lab.tasks import Task, TaskItem
 
@@ -91,6 +92,30 @@ def test_bad_config_names_the_key_before_building(tmp_path, section, key):
     assert not any(tmp_path.iterdir())
 
 
+def test_feedback_formats_write_and_read_every_kind():
+    chat, compact = FEEDBACK_FORMATS["chat"], FEEDBACK_FORMATS["compact"]
+    assert compact.prompt("15-43=", " -28\n") == "15-43=-28|"
+    assert chat.prompt("What is 2+2?", " 5 ") == ("Question: What is 2+2?\nAnswer: 5\nIs the answer correct? If not, "
+                                                 "say what is wrong in one short sentence.")
+    for fmt in (chat, compact):
+        assert [fmt.parse(fmt.texts[k]) for k in KINDS] == [True, False, False, False]
+    assert [chat.parse(t) for t in ("correct!", " Wrong: 4", "Incorrect, it is 4.", "Maybe.")] == [True, False, False, None]
+    assert [compact.parse(t) for t in ("C", "H", "L", "W", "", "7")] == [True, False, False, False, None, None]
+    tokenizer = build_char_tokenizer("abc")
+    assert feedback_format(tokenizer) is compact
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert feedback_format(tokenizer) is chat
+
+
+def test_verifier_kind_reads_the_items_answer_format():
+    tags = TaskItem("2+2=", "4", "<answer>4</answer>", {"answer_format": "tags"})
+    assert [verifier_kind(tags, a) for a in ("<answer>4</answer>", "<answer>7</answer>", "<answer>-1</answer>", "4",
+                                             "<answer>four</answer>")] == ["correct", "too_high", "too_low",
+                                                                           "wrong", "wrong"]
+    word = TaskItem("colour?", "red", "red", {"answer_format": "plain"})
+    assert (verifier_kind(word, " red"), verifier_kind(word, "blue")) == ("correct", "wrong")
+
+
 def test_reply_is_well_formed_deterministic_and_leaves_global_rng(cache_dir):
     env = make_env(cache_dir)
     items = TASK.splits["dev"][:4]
@@ -105,6 +130,7 @@ def test_reply_is_well_formed_deterministic_and_leaves_global_rng(cache_dir):
             assert r.verdict == FEEDBACK_FORMATS["compact"].parse(r.info["critic_text"])
         assert env.reply(items, conversations, seed=3, greedy=greedy) == replies
     assert torch.equal(torch.get_rng_state(), rng)
+    assert env.reply([], [], seed=0, greedy=True) == []
 
 
 def test_warmup_judges_held_out_pairs_well_above_chance_and_is_cached(cache_dir):

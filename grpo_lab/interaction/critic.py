@@ -218,7 +218,11 @@ class CriticEnvironment:
 
     def reply(self, items: list, conversations: list[list[str]], *, seed: int, greedy: bool) -> list[EnvReply]:
         """One batched generation of feedback on each conversation's last answer; greedy, or sampled at
-        critic.temperature from `seed` (the global torch RNG is left as it was)."""
+        critic.temperature from `seed` (the global torch RNG is left as it was). A "correct" verdict ends
+        the conversation; any other feedback (an unreadable one too, verdict None) is the actor's next
+        user turn."""
+        if not items:
+            return []
         answers = [conv[-1] for conv in conversations]
         prompts = [self.prompt_ids(item, answer) for item, answer in zip(items, answers)]
         with torch.random.fork_rng(devices=[]):
