@@ -83,6 +83,7 @@ def test_conf_file_types_and_matches_default_actor_size():
 @pytest.mark.parametrize("section, key", [({"train": "gan"}, "interaction.critic.train"),
                                           ({"top_frac": 1.5}, "top_frac"),
                                           ({"update_every": 0}, "update_every"),
+                                          ({"sampler": "beam"}, "interaction.critic.sampler"),
                                           ({"model": {"builder": "pretrained"}}, "interaction.critic.model.path"),
                                           ({"lr_typo": 1.0}, "lr_typo")])
 def test_bad_config_names_the_key_before_building(tmp_path, section, key):

@@ -68,6 +68,7 @@ from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.prompts import uses_chat_template
 from grpo_lab.registry import Registry
 from grpo_lab.rollout import make_engine
+from grpo_lab.rollout.hf_engine import SAMPLERS
 from grpo_lab.run_setup import build_model_dir
 from grpo_lab.schema import ConfigError, ModelConfig, WarmupConfig
 from grpo_lab.tasks import TaskItem
@@ -151,6 +152,7 @@ def _config_errors(c: DictConfig) -> list[str]:
          "interaction.critic.top_frac and bottom_frac must lie in [0, 1] (e.g. 0.1)"),
         (c.update_every >= 1, f"interaction.critic.update_every={c.update_every} must be >= 1 (actor steps per update)"),
         (c.max_new_tokens >= 1, "interaction.critic.max_new_tokens must be >= 1 (the verdict needs a token)"),
+        (c.sampler in SAMPLERS, f"interaction.critic.sampler={c.sampler!r}; valid: {', '.join(SAMPLERS)}"),
         (c.temperature > 0, "interaction.critic.temperature must be > 0 (greedy is chosen per call by reply(greedy=))"),
         (c.advantage in ADVANTAGE_ESTIMATORS and not ADVANTAGE_ESTIMATORS.fact(c.advantage, "needs_critic"),
          f"interaction.critic.advantage={c.advantage!r}: an outcome estimator of ADVANTAGE_ESTIMATORS (e.g. group_mean)"),
