@@ -42,7 +42,7 @@ def _one_thread(one_thread):
 
 def make_env(cache_dir, **critic) -> CriticEnvironment:
     section = {"model": MODEL, "warmup": WARMUP, "max_offset": 3, "warmup_pairs_per_item": 8, "warmup_dev_size": 40,
-               "max_new_tokens": 2, **critic}
+               "max_new_tokens": 6, **critic}
     cfg = OmegaConf.create({"seed": 0, "cache_dir": str(cache_dir), "interaction": {"critic": section}})
     return CriticEnvironment(cfg, tokenizer=None, task=TASK)
 
@@ -55,7 +55,8 @@ def held_out_pairs(n_per_item: int = 5) -> tuple[list[TaskItem], list[str]]:
 
 def verdict_accuracy(env: CriticEnvironment, items, answers) -> float:
     replies = env.reply(items, [[a] for a in answers], seed=0, greedy=True)
-    return sum(r.verdict is (verifier_kind(it, a) == "correct") for r, it, a in zip(replies, items, answers)) / len(items)
+    right = [r.verdict is (verifier_kind(it, a) == "correct") for r, it, a in zip(replies, items, answers)]
+    return sum(right) / len(right)
 
 
 def step_record(items, first, replies: list[EnvReply], second) -> StepRecord:
@@ -76,8 +77,9 @@ def test_conf_file_types_and_matches_default_actor_size():
     conf = OmegaConf.load(REPO / "conf/interaction/critic.yaml")
     assert (conf.environment, conf.max_turns, conf.reward) == ("critic", 2, "final")
     c = critic_config(OmegaConf.create({"interaction": conf}))
+    actor = OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny_llama.yaml"))
     assert OmegaConf.to_container(c.model) == {**OmegaConf.to_container(OmegaConf.structured(CriticLLMConfig).model),
-                                               **OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny_llama.yaml"))}
+                                               **actor}
 
 
 @pytest.mark.parametrize("section, key", [({"train": "gan"}, "interaction.critic.train"),
@@ -94,16 +96,21 @@ def test_bad_config_names_the_key_before_building(tmp_path, section, key):
 
 
 def test_feedback_formats_write_and_read_every_kind():
-    chat, compact = FEEDBACK_FORMATS["chat"], FEEDBACK_FORMATS["compact"]
-    assert compact.prompt("15-43=", " -28\n") == "15-43=-28|"
+    chat, compact, solve = (FEEDBACK_FORMATS[n] for n in ("chat", "compact", "solve_compact"))
+    assert compact.prompt("15-43=", " -28\n") == solve.prompt("15-43=", " -28\n") == "15-43=-28|"
     assert chat.prompt("What is 2+2?", " 5 ") == ("Question: What is 2+2?\nAnswer: 5\nIs the answer correct? If not, "
                                                  "say what is wrong in one short sentence.")
-    for fmt in (chat, compact):
-        assert [fmt.parse(fmt.texts[k]) for k in KINDS] == [True, False, False, False]
-    assert [chat.parse(t) for t in ("correct!", " Wrong: 4", "Incorrect, it is 4.", "Maybe.")] == [True, False, False, None]
+    for fmt in (chat, compact, solve):
+        assert [fmt.parse(fmt.target(k, "-28")) for k in KINDS] == [True, False, False, False]
+    assert [solve.target(k, " -28") for k in KINDS] == ["-28C", "-28H", "-28L", "-28W"]
+    assert [compact.target(k, "-28") for k in KINDS] == ["C", "H", "L", "W"]
+    assert [chat.parse(t) for t in ("correct!", " Wrong: 4", "Incorrect, it is 4.", "Maybe.")] == [True, False, False,
+                                                                                                 None]
     assert [compact.parse(t) for t in ("C", "H", "L", "W", "", "7")] == [True, False, False, False, None, None]
+    assert [solve.parse(t) for t in ("-28C", "5H\n", "-2", "")] == [True, False, None, None]
+    assert (solve.message(" -28H"), compact.message(" H"), chat.message(" Wrong. ")) == ("H", "H", "Wrong.")
     tokenizer = build_char_tokenizer("abc")
-    assert feedback_format(tokenizer) is compact
+    assert feedback_format(tokenizer) is solve and feedback_format(tokenizer, "compact") is compact
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     assert feedback_format(tokenizer) is chat
 
@@ -128,7 +135,8 @@ def test_reply_is_well_formed_deterministic_and_leaves_global_rng(cache_dir):
         for r in replies:
             assert r.verdict in (True, False, None) and r.done == (r.verdict is True)
             assert (r.message is None) == r.done and isinstance(r.info["critic_text"], str)
-            assert r.verdict == FEEDBACK_FORMATS["compact"].parse(r.info["critic_text"])
+            assert r.verdict == env.format.parse(r.info["critic_text"])
+            assert r.done or r.message == env.format.message(r.info["critic_text"])
         assert env.reply(items, conversations, seed=3, greedy=greedy) == replies
     assert torch.equal(torch.get_rng_state(), rng)
     assert env.reply([], [], seed=0, greedy=True) == []
@@ -168,11 +176,13 @@ def test_sft_top_bottom_gathers_the_expected_examples_and_updates_every_kth_step
     before = weights(env)
     metrics = env.after_step(1, record)
     fmt = env.format
-    expected = {(fmt.prompt(items[0].prompt, first[0]), "C"), (fmt.prompt(items[7].prompt, first[7]), "W")}
+    example = lambda i, kind: (fmt.prompt(items[i].prompt, first[i]), fmt.target(kind, items[i].answer))  # noqa: E731
+    expected = {example(0, "correct"), example(7, "wrong")}
     pending = {(e["prompt"], e["target"]) for e in env.pending}
+    assert fmt.name == "solve_compact" and example(7, "wrong")[1] == items[7].answer + "W"
     assert len(env.pending) == 4 and expected < pending                      # floor(0.25 * 8) = 2 each
-    tied_top = {(fmt.prompt(items[i].prompt, first[i]), "C") for i in (1, 2)}
-    tied_bottom = {(fmt.prompt(items[i].prompt, first[i]), "W") for i in range(3, 7)}
+    tied_top = {example(i, "correct") for i in (1, 2)}
+    tied_bottom = {example(i, "wrong") for i in range(3, 7)}
     assert len(pending & tied_top) == 1 and len(pending & tied_bottom) == 1
     assert metrics["critic/examples"] == 4 and metrics["critic/updates"] == 0 and "critic/loss" not in metrics
     assert all(torch.equal(before[k], v) for k, v in weights(env).items())
@@ -201,7 +211,7 @@ def test_rl_update_raises_the_logprob_of_rewarded_feedback(cache_dir):
     texts = [r.info["critic_text"] for r in replies if not r.done]
     rewarded = max(set(texts), key=texts.count)
     assert 0 < texts.count(rewarded) < 24, texts
-    entry = next(e for e in env.stash[next(iter(env.stash))] if e["text"] == rewarded.strip())
+    entry = next(e for e in env.stash[next(iter(env.stash))] if e["message"] == env.format.message(rewarded))
     before = sequence_logprob(env, entry["prompt_ids"], entry["completion_ids"])
     second = [items[0].answer if r.info["critic_text"] == rewarded else wrong for r in replies]
     metrics = env.after_step(1, step_record(items, [wrong] * 24, replies, second))

@@ -4,7 +4,7 @@ answer, writes short feedback, and learns alongside the actor on its own rhythm.
 The actor answers; the critic writes feedback (critique-then-revise: Saunders et al. 2022, arXiv
 2206.05802; a trained critic model: CriticGPT, McAleese et al. 2024, arXiv 2407.00215); unless the
 critic's verdict is "correct" the actor revises. Formats (a one-letter verdict for the character-level
-tiny model, a sentence through the chat template for a chat model) are in
+tiny model, after its own answer; a sentence through the chat template for a chat model) are in
 grpo_lab/interaction/critic_feedback.py.
 
 Life of the critic, configured under ``interaction.critic`` (`CriticLLMConfig`, conf/interaction/critic.yaml):
@@ -88,7 +88,7 @@ class CriticLLMConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     # SFT on synthetic (question, candidate) -> verifier feedback pairs before RL; max_steps=0: none.
     warmup: WarmupConfig = field(default_factory=lambda: WarmupConfig(
-        max_steps=300, lr=1e-3, batch_size=128, target_sampled_dev_accuracy=1.0, eval_every=100))
+        max_steps=2000, lr=1e-3, batch_size=128, target_sampled_dev_accuracy=1.0, eval_every=250))
     # Perturbed candidates lie 1..max_offset from the reference (or have its sign flipped).
     max_offset: int = 10
     # Synthetic pairs per train item (a task with few items needs several), and held-out pairs (from
@@ -114,9 +114,12 @@ class CriticLLMConfig:
     # Examples per optimizer step (sft_top_bottom and rl) and the critic's own AdamW learning rate.
     batch_size: int = 64
     lr: float = 1e-4
+    # auto (chat for a chat-template tokenizer, else solve_compact) | solve_compact | compact | chat
+    # (grpo_lab/interaction/critic_feedback.py).
+    feedback_format: str = "auto"
     # Sampling of the critic's feedback in training rollouts (evaluation is greedy) and its length cap.
     temperature: float = 1.0
-    max_new_tokens: int = 4
+    max_new_tokens: int = 8
     sampler: str = "generate"
 
 
@@ -150,12 +153,16 @@ def _config_errors(c: DictConfig) -> list[str]:
                                 "interaction.critic.model.path=<local HF model directory>"),
         (0.0 <= c.top_frac <= 1.0 and 0.0 <= c.bottom_frac <= 1.0,
          "interaction.critic.top_frac and bottom_frac must lie in [0, 1] (e.g. 0.1)"),
-        (c.update_every >= 1, f"interaction.critic.update_every={c.update_every} must be >= 1 (actor steps per update)"),
+        (c.update_every >= 1, f"interaction.critic.update_every={c.update_every} must be >= 1 (actor steps per "
+                              "critic update)"),
         (c.max_new_tokens >= 1, "interaction.critic.max_new_tokens must be >= 1 (the verdict needs a token)"),
+        (c.feedback_format in ("auto", *FEEDBACK_FORMATS), f"interaction.critic.feedback_format="
+         f"{c.feedback_format!r}; valid: auto, {', '.join(FEEDBACK_FORMATS)}"),
         (c.sampler in SAMPLERS, f"interaction.critic.sampler={c.sampler!r}; valid: {', '.join(SAMPLERS)}"),
         (c.temperature > 0, "interaction.critic.temperature must be > 0 (greedy is chosen per call by reply(greedy=))"),
         (c.advantage in ADVANTAGE_ESTIMATORS and not ADVANTAGE_ESTIMATORS.fact(c.advantage, "needs_critic"),
-         f"interaction.critic.advantage={c.advantage!r}: an outcome estimator of ADVANTAGE_ESTIMATORS (e.g. group_mean)"),
+         f"interaction.critic.advantage={c.advantage!r}: give an outcome estimator of ADVANTAGE_ESTIMATORS "
+         "(e.g. group_mean)"),
         (c.policy_loss in POLICY_LOSSES, f"interaction.critic.policy_loss={c.policy_loss!r}; valid: "
                                          f"{', '.join(POLICY_LOSSES.names())}"),
         (min(c.max_offset, c.batch_size, c.warmup_pairs_per_item) >= 1 and min(c.sft_steps, c.rl_steps) >= 0,
@@ -165,9 +172,12 @@ def _config_errors(c: DictConfig) -> list[str]:
     return [message for ok, message in checks if not ok]
 
 
-def feedback_format(tokenizer) -> FeedbackFormat:
-    """The chat format for a tokenizer with a chat template, else the compact one."""
-    return FEEDBACK_FORMATS["chat" if uses_chat_template(tokenizer) else "compact"]
+def feedback_format(tokenizer, name: str = "auto") -> FeedbackFormat:
+    """`FEEDBACK_FORMATS[name]`; ``auto``: the chat format for a tokenizer with a chat template, else
+    solve_compact."""
+    if name == "auto":
+        name = "chat" if uses_chat_template(tokenizer) else "solve_compact"
+    return FEEDBACK_FORMATS[name]
 
 
 def warm_up_critic(base_dir: Path, task, fmt: FeedbackFormat, c: DictConfig, *, cache_dir: Path,
@@ -201,7 +211,7 @@ class CriticEnvironment:
         # Digits and '-' too: perturbed candidates may hold a sign the task's answers never do.
         alphabet = task.alphabet() + COMPACT_CHARS + "-0123456789"
         base_dir = build_model_dir(self.config.model, alphabet=alphabet, seed=self.seed, cache_dir=cache_dir)
-        self.format = feedback_format(AutoTokenizer.from_pretrained(str(base_dir)))
+        self.format = feedback_format(AutoTokenizer.from_pretrained(str(base_dir)), self.config.feedback_format)
         self.model_dir, self.warmup_stats = warm_up_critic(base_dir, task, self.format, self.config,
                                                            cache_dir=cache_dir, seed=self.seed)
         rollout = OmegaConf.create({"engine": "hf", "dtype": "float32", "sampler": self.config.sampler})
@@ -234,23 +244,25 @@ class CriticEnvironment:
         replies = []
         for k, (item, answer) in enumerate(zip(items, answers)):
             text, verdict = out.texts[k], self.format.parse(out.texts[k])
+            message = self.format.message(text)
             if not greedy:
                 self.stash.setdefault(_key(item, answer), []).append(
                     {"prompt_ids": prompts[k], "completion_ids": out.completion_ids[k],
-                     "logprobs": out.sampler_logprobs[k], "text": text.strip(), "verdict": verdict, "age": 0})
-            replies.append(EnvReply(message=None if verdict else text.strip(), done=verdict is True,
+                     "logprobs": out.sampler_logprobs[k], "message": message, "verdict": verdict, "age": 0})
+            replies.append(EnvReply(message=None if verdict else message, done=verdict is True,
                                     verdict=verdict, info={"critic_text": text}))
         return replies
 
     # ------------------------------------------------------------------ learning
     def _match(self, record: StepRecord) -> list[dict | None]:
-        """Per sequence, the sampled reply that judged its first answer (the one whose text is the message
-        the actor saw, or, when the conversation ended there, one with a "correct" verdict); unmatched
-        replies age and are dropped after two steps (rollouts sampled ahead of an update)."""
+        """Per sequence, the sampled reply that judged its first answer (one whose message is the one the
+        actor saw, or, when the conversation ended there, one with a "correct" verdict: replies that showed
+        the actor the same thing are interchangeable draws); unmatched replies age and are dropped after
+        two steps (rollouts sampled ahead of an update)."""
         matched = []
         for item, answers, messages in zip(record.items, record.answers, record.messages):
             entries = self.stash.get(_key(item, answers[0]), [])
-            wanted = [e for e in entries if (e["text"] == messages[0] if messages else e["verdict"] is True)]
+            wanted = [e for e in entries if (e["message"] == messages[0] if messages else e["verdict"] is True)]
             entry = (wanted or entries or [None])[0]
             if entry is not None:
                 entries.remove(entry)
@@ -374,7 +386,8 @@ def _top_bottom_examples(env: CriticEnvironment, step: int, record: StepRecord, 
     c, fmt = env.config, env.format
     gen = torch.Generator().manual_seed(env.seed * 1_000_003 + step)
     top, bottom = top_bottom([r[0] for r in record.turn_rewards], c.top_frac, c.bottom_frac, gen)
-    return [{"prompt": fmt.prompt(record.items[i].prompt, record.answers[i][0]), "target": fmt.texts[kind]}
+    return [{"prompt": fmt.prompt(record.items[i].prompt, record.answers[i][0]),
+             "target": fmt.target(kind, record.items[i].answer)}
             for ids, kind in ((top, "correct"), (bottom, "wrong")) for i in ids]
 
 

@@ -3,21 +3,32 @@ learns from: pure functions and data, no model (the environment is grpo_lab/inte
 
 Feedback kinds: ``correct``, ``too_high``, ``too_low`` (a number on the wrong side of the reference) and
 ``wrong`` (anything else: no number, a format the reward does not read, or the bare verdict a scalar
-reward supports). Each `FeedbackFormat` writes a kind as text and reads a verdict back:
+reward supports). Each `FeedbackFormat` writes a kind as text (`FeedbackFormat.target`), reads a verdict
+back, and says which part of its text the actor is shown (`FeedbackFormat.message`):
 
-=========  ============================================  =============================================
-format     prompt (what the critic reads)                feedback (what it writes, + <eos>)
-=========  ============================================  =============================================
-compact    ``<bos>`` question answer ``|``               one letter: ``C`` correct, ``H`` too high,
-           e.g. ``<bos>15-43=-27|``                      ``L`` too low, ``W`` wrong; verdict = the
-                                                         first letter (C: True; H, L, W: False)
-chat       the chat template around "Question: q\\n       a sentence starting "Correct" or "Wrong"
-           Answer: a\\nIs the answer correct? If not,     (e.g. "Wrong: the answer is too high.");
-           say what is wrong in one short sentence."     verdict from the first word
-=========  ============================================  =============================================
+=============  ========================================  ==============================================
+format         prompt (what the critic reads)            feedback (what it writes, + <eos>)
+=============  ========================================  ==============================================
+solve_compact  ``<bos>`` question answer ``|``           its own answer, then one letter: ``-28H``;
+               e.g. ``<bos>15-43=-27|``                  ``C`` correct, ``H`` too high, ``L`` too low,
+                                                         ``W`` wrong; verdict = the last letter; the
+                                                         actor is shown the letter only
+compact        the same                                  the letter alone (``H``)
+chat           the chat template around "Question: q\n   a sentence starting "Correct" or "Wrong"
+               Answer: a\nIs the answer correct? If      (e.g. "Wrong: the answer is too high."),
+               not, say what is wrong in one short       shown whole; verdict from the first word
+               sentence."
+=============  ========================================  ==============================================
 
-The compact format is for the character-level tiny model (its alphabet must hold ``|CHLW``, which
-`COMPACT_CHARS` names); a tokenizer with a chat template gets the chat format.
+The compact formats are for the character-level tiny model (its alphabet must hold ``|CHLW``, which
+`COMPACT_CHARS` names; the actor's, ``CHLW``); a tokenizer with a chat template gets the chat format.
+``solve_compact`` is the default for the tiny model because a bare letter asks it to compute and
+compare within one token: a tiny_llama of the default actor's size did not learn that for chain_sum
+within a few actor warm-ups' worth of steps, and did learn to judge once it first writes its own answer
+(a scratchpad: Nye et al. 2021, arXiv 2112.00114; solve-then-verify: generative verifiers, Zhang et
+al. 2024, arXiv 2408.15240). Its answer is hidden from the actor, which revises from the verdict alone
+and cannot copy the critic's answer. Supervised targets put the item's reference answer in that place
+(the task's solution, which the actor's own warm-up trains on too).
 """
 
 from __future__ import annotations
@@ -44,18 +55,25 @@ _CHAT_TEXTS = {"correct": "Correct.", "too_high": "Wrong: the answer is too high
 
 @dataclass(frozen=True)
 class FeedbackFormat:
-    """How a (question, answer) pair becomes the critic's prompt text, how a feedback kind is written,
-    and how a verdict is read from what the critic wrote (None: neither correct nor wrong)."""
+    """How a (question, answer) pair becomes the critic's prompt text, how a feedback kind is written for an
+    item whose reference answer is given (`target`), how a verdict is read from what the critic wrote
+    (None: neither correct nor wrong), and what part of it the actor is shown (`message`)."""
 
     name: str
     prompt: Callable[[str, str], str]
     texts: dict[str, str]
     parse: Callable[[str], bool | None]
+    solves: bool = False        # the feedback starts with the critic's own answer (hidden from the actor)
+
+    def target(self, kind: str, reference: str) -> str:
+        return (str(reference).strip() if self.solves else "") + self.texts[kind]
+
+    def message(self, text: str) -> str:
+        return text.strip()[-1:] if self.solves else text.strip()
 
 
-def _parse_compact(text: str) -> bool | None:
-    first = text.strip()[:1]
-    return True if first == "C" else False if first and first in "HLW" else None
+def _verdict_letter(letter: str) -> bool | None:
+    return True if letter == "C" else False if letter and letter in "HLW" else None
 
 
 def _parse_chat(text: str) -> bool | None:
@@ -65,9 +83,15 @@ def _parse_chat(text: str) -> bool | None:
     return False if low.startswith(("wrong", "incorrect")) else None
 
 
+def _compact_prompt(question: str, answer: str) -> str:
+    return f"{question}{answer.strip()}{COMPACT_SEPARATOR}"
+
+
 FEEDBACK_FORMATS = {
-    "compact": FeedbackFormat("compact", lambda q, a: f"{q}{a.strip()}{COMPACT_SEPARATOR}", _COMPACT_LETTERS,
-                              _parse_compact),
+    "solve_compact": FeedbackFormat("solve_compact", _compact_prompt, _COMPACT_LETTERS,
+                                    lambda text: _verdict_letter(text.strip()[-1:]), solves=True),
+    "compact": FeedbackFormat("compact", _compact_prompt, _COMPACT_LETTERS,
+                              lambda text: _verdict_letter(text.strip()[:1])),
     "chat": FeedbackFormat("chat", lambda q, a: f"Question: {q}\nAnswer: {a.strip()}\n{_CHAT_QUESTION}",
                            _CHAT_TEXTS, _parse_chat),
 }
@@ -116,7 +140,7 @@ def synthetic_items(items: list[TaskItem], fmt: FeedbackFormat, *, seed: int, ma
     out = []
     for item in [it for it in items for _ in range(per_item)][:limit]:
         answer = candidate_answer(item, rng, max_offset=max_offset, others=items)
-        target = fmt.texts[verifier_kind(item, answer)]
+        target = fmt.target(verifier_kind(item, answer), item.answer)
         out.append(TaskItem(fmt.prompt(item.prompt, answer), target, target, {"answer_format": "plain"}))
     return out
 
