@@ -24,7 +24,8 @@ Life of the critic, configured under ``interaction.critic`` (`CriticLLMConfig`, 
 
    * ``sft_top_bottom``: the top ``top_frac`` of the step's first answers by task reward are
      positives (target: "correct" feedback), the bottom ``bottom_frac`` negatives (target: the bare
-     "wrong" verdict, since a scalar reward says nothing more); ties: `critic_feedback.top_bottom`.
+     "wrong" verdict, since a scalar reward says nothing about what is wrong; solve_compact writes the
+     item's reference answer before either letter); ties: `critic_feedback.top_bottom`.
      ``sft_steps`` SFT steps per update.
    * ``rl``: the critic's sampled feedback is an action, rewarded +1 when the revision it led to
      turned a wrong first answer right, −1 when it turned a right one wrong, 0 otherwise (the
@@ -36,7 +37,8 @@ Life of the critic, configured under ``interaction.critic`` (`CriticLLMConfig`, 
      term keeps the verdict tied to the verifier. ``rl_steps`` policy-gradient steps per update with
      the registered advantage (``advantage``, one batch-wide group: a batch-mean baseline, REINFORCE
      with baseline) and policy loss (``policy_loss``; the sampler's logprobs kept from generation are
-     π_old, so a clipped surrogate makes several steps safe).
+     π_old, so a clipped surrogate makes several steps safe). Only the feedback on a conversation's
+     first answer is trained on (``max_turns: 2`` has no other).
 
 Only sampled replies (``greedy=False``: training rollouts) are actions: `reply` keeps each one (its
 prompt and feedback ids, sampler logprobs, verdict), keyed by (question, answer), until `after_step`
