@@ -321,6 +321,7 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
     """Multi-turn rollouts: a registered (or importable) environment, at least two turns with one, a
     registered turn reward, and the parts of the lab that read whole completions turned off."""
     from grpo_lab.interaction import ENVIRONMENTS, TURN_REWARDS
+    from grpo_lab.interaction import critic as _critic  # noqa: F401  (registers `critic`, which sits above the run services)
     from grpo_lab.interaction.demos import has_demo_message
 
     i = cfg.get("interaction")
@@ -342,6 +343,8 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
         _check(not frac or has_demo_message(i.environment), f"interaction.warmup_revision_frac={frac}: environment "
                f"{i.environment} cannot say what it would answer to a given answer (it has no demo_message), so "
                "there are no demonstrations to make; set interaction.warmup_revision_frac=0", errors)
+        # An environment with settings of its own checks them here (the critic LLM: interaction.critic).
+        errors += getattr(ENVIRONMENTS.get(i.environment), "config_errors", lambda _cfg: [])(cfg)
         _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),
                f"interaction.environment={i.environment} learns during the run, and with trainer.max_staleness="
                f"{cfg.trainer.max_staleness} it would reply to the next step while it trains on this one: set "

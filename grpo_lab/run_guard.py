@@ -68,11 +68,16 @@ def resumable(key: str, old_cfg: dict, new_cfg: dict) -> bool:
     return unused is not None and unused(old_cfg) and unused(new_cfg)
 
 
+# A key one of the two configs does not have (a section the schema gained after the checkpoint was written).
+ABSENT = "(absent)"
+
+
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
-    """(dotted key, old value, new value) for every leaf that differs between two config trees."""
+    """(dotted key, old value, new value) for every leaf that differs between two config trees; a key only
+    one of them has is compared as ABSENT on the other side."""
     out = []
     for key in sorted(set(old) | set(new), key=str):
-        a, b, dotted = old.get(key), new.get(key), f"{prefix}{key}"
+        a, b, dotted = old.get(key, ABSENT), new.get(key, ABSENT), f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
             out += config_changes(a, b, f"{dotted}.")
         elif a != b:
@@ -86,7 +91,7 @@ def resume_changes(cfg: DictConfig, recorded: dict, *, step: int) -> list[dict]:
     new = OmegaConf.to_container(cfg, resolve=True)
     old = {k: v for k, v in recorded.items() if k != "resume_changes"}
     changes = [c for c in config_changes(old, new) if c[0] != "trainer.resume"]
-    refused = [c for c in changes if not resumable(c[0], old, new)]
+    refused = [c for c in changes if not resumable(c[0], old, new) and not added_at_default(*c)]
     if refused:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in refused)
         raise ConfigError(
@@ -94,6 +99,20 @@ def resume_changes(cfg: DictConfig, recorded: dict, *, step: int) -> list[dict]:
             f"experiment: drop these overrides (or start a new run in another directory). A resume may change "
             f"only {', '.join(RESUMABLE_CHANGES)} (grpo_lab/run_guard.py: RESUMABLE_CHANGES)")
     return [{"step": step, "key": k, "old": a, "new": b} for k, a, b in changes]
+
+
+def added_at_default(key: str, old, new) -> bool:
+    """A key the checkpoint's config lacks, set to the schema's default now: the schema gained it after the
+    checkpoint was written (e.g. a new config section), and its default is what the old code did, so
+    resuming with it changes nothing."""
+    from grpo_lab.schema import Config
+
+    if old != ABSENT:
+        return False
+    default = OmegaConf.select(OmegaConf.structured(Config), key, default=ABSENT, throw_on_missing=False)
+    if OmegaConf.is_config(default):
+        default = OmegaConf.to_container(default, resolve=True)
+    return default == new
 
 
 class RunLock:

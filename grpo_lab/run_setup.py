@@ -81,20 +81,25 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
           f"(rollout.max_model_len - rollout.max_new_tokens; {per_split})")
 
 
+def build_model_dir(model_cfg: DictConfig, *, alphabet: str, seed: int, cache_dir: Path) -> Path:
+    """The model a `model` config section describes, built (or found) in the cache: a converted
+    pretrained model is cached once per model, a from-scratch one per alphabet and seed. The policy and
+    an environment's own model (the critic LLM, grpo_lab/interaction/critic.py) are built here."""
+    model_kwargs = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if v is not None}
+    builder = model_kwargs.pop("builder")
+    per_task = MODEL_BUILDERS.fact(builder, "per_task")
+    out_dir = Path(cache_dir) / "models" / (cache_key(model_cfg, alphabet, seed) if per_task else cache_key(model_cfg))
+    with heartbeat(f"model: building or loading {builder} (cache {out_dir})"):
+        return Path(MODEL_BUILDERS.call(builder, out_dir=out_dir, alphabet=alphabet, seed=seed, **model_kwargs))
+
+
 def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dict]:
     """Model built from config (cached), the prompts checked against the context (`check_context`), then
     supervised warm-up (cached): the RL starting point."""
     cache = Path(cfg.cache_dir)
-    model_kwargs = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if v is not None}
-    builder = model_kwargs.pop("builder")
     # A multi-turn run's character model must also read the environment's messages; "" when single-turn.
     alphabet = task.alphabet() + message_alphabet(cfg.get("interaction") or {})
-    # A converted pretrained model is cached once per model; a from-scratch one per alphabet and seed.
-    per_task = MODEL_BUILDERS.fact(builder, "per_task")
-    base_dir = cache / "models" / (cache_key(cfg.model, alphabet, cfg.seed) if per_task else cache_key(cfg.model))
-    with heartbeat(f"model: building or loading {builder} (cache {base_dir})"):
-        base_dir = Path(MODEL_BUILDERS.call(builder, out_dir=base_dir, alphabet=alphabet, seed=cfg.seed,
-                                            **model_kwargs))
+    base_dir = build_model_dir(cfg.model, alphabet=alphabet, seed=cfg.seed, cache_dir=cache)
     # Before the warm-up formats its targets: a chat model reads answers in its own style.
     tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
     check_context(cfg, task, tokenizer)   # every check on the data before any training, the warm-up's too

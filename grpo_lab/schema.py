@@ -485,6 +485,49 @@ class LoggerConfig:
 
 
 @dataclass
+class CriticLLMConfig:
+    """``interaction.critic``: the critic LLM's model, warm-up and training (grpo_lab/interaction/critic.py)."""
+
+    # The critic's model, as conf/model/*.yaml (conf/interaction/critic.yaml: a tiny_llama of the actor's size).
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # SFT on synthetic (question, candidate) -> verifier feedback pairs before RL; max_steps=0: none.
+    warmup: WarmupConfig = field(default_factory=lambda: WarmupConfig(
+        max_steps=2000, lr=1e-3, batch_size=128, target_sampled_dev_accuracy=1.0, eval_every=250))
+    # Perturbed candidates lie 1..max_offset from the reference (or have its sign flipped).
+    max_offset: int = 10
+    # Synthetic pairs per train item (a task with few items needs several), and held-out pairs (from
+    # the task's dev split) the warm-up is scored on.
+    warmup_pairs_per_item: int = 1
+    warmup_dev_size: int = 200
+    # false (frozen after the warm-up) | sft_top_bottom | rl.
+    train: Any = False
+    # One critic update every this many actor steps.
+    update_every: int = 4
+    # sft_top_bottom: fractions of a step's first answers taken as positives / negatives, and SFT steps per update.
+    top_frac: float = 0.1
+    bottom_frac: float = 0.1
+    sft_steps: int = 4
+    # rl: policy-gradient steps per update, the reward's verdict-agreement term, and the registered math.
+    rl_steps: int = 1
+    agreement_coef: float = 0.2
+    advantage: str = "group_mean"
+    policy_loss: str = "clipped_surrogate"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_agg_mode: str = "token_mean"
+    # Examples per optimizer step (sft_top_bottom and rl) and the critic's own AdamW learning rate.
+    batch_size: int = 64
+    lr: float = 1e-4
+    # auto (chat for a chat-template tokenizer, else solve_compact) | solve_compact | compact | chat
+    # (grpo_lab/interaction/critic_feedback.py).
+    feedback_format: str = "auto"
+    # Sampling of the critic's feedback in training rollouts (evaluation is greedy) and its length cap.
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    sampler: str = "generate"
+
+
+@dataclass
 class InteractionConfig:
     # Multi-turn rollouts (grpo_lab/interaction): after each actor answer an environment replies (feedback,
     # or done) and the actor revises. A registered environment (verifier_feedback) or a plug-in class
@@ -503,6 +546,8 @@ class InteractionConfig:
     # none (0, the default, adds nothing). The environment must say what it would answer
     # (its `demo_message`).
     warmup_revision_frac: float = 0.0
+    # The critic LLM of interaction=critic (its model, warm-up, training and rhythm); unused otherwise.
+    critic: CriticLLMConfig = field(default_factory=CriticLLMConfig)
 
 
 @dataclass

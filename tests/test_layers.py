@@ -42,6 +42,9 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("plans and checks", ["grpo_lab.memory_plan", "grpo_lab.validation_io", "grpo_lab.cpu_placement"]),
     ("run services", ["grpo_lab.backends", "grpo_lab.ray_backend", "grpo_lab.warmup", "grpo_lab.checkpoint",
                       "grpo_lab.resume", "grpo_lab.logging", "grpo_lab.run_setup", "grpo_lab.run_guard"]),
+    # An environment with its own model and warm-up (the critic LLM) is built like the policy, so it sits
+    # above the run services; grpo_lab.config imports it, which registers it.
+    ("learning environments", ["grpo_lab.interaction.critic"]),
     ("config", ["grpo_lab.config"]),
     ("entry point", ["grpo_lab.train"]),
     ("report", ["grpo_lab.report"]),

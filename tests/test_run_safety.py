@@ -96,6 +96,23 @@ def test_resume_changes_name_every_refused_key():
         assert refused in str(err.value)
 
 
+def test_a_section_the_schema_gained_since_the_checkpoint_resumes_at_its_default():
+    """A checkpoint written before the schema had a section (its config lacks the key) resumes when the
+    section holds the schema's default, which is what the old code did; any other value is refused."""
+    from omegaconf import OmegaConf
+
+    from grpo_lab.schema import Config
+
+    new = OmegaConf.to_container(OmegaConf.structured(Config), resolve=True)
+    old = json.loads(json.dumps(new))
+    del old["interaction"]
+    changes = run_guard.resume_changes(OmegaConf.create(new), old, step=4)
+    assert [(c["key"], c["old"]) for c in changes] == [("interaction", run_guard.ABSENT)]
+    new["interaction"]["max_turns"] = 2
+    with pytest.raises(ConfigError, match=r"interaction: '\(absent\)' -> "):
+        run_guard.resume_changes(OmegaConf.create(new), old, step=4)
+
+
 def test_resume_replays_the_runs_own_overrides_and_honours_an_explicit_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / ".hydra").mkdir(parents=True)
