@@ -70,7 +70,8 @@ def _evaluate_conversations(engine, tokenizer, items: list, environment, *, max_
             "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
             "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,
             "eval/n": float(len(items)),
-            **{k: summary[k] for k in ("eval/first_acc", "eval/wrong_to_right", "eval/right_to_wrong")}}
+            **{k: summary[k] for k in ("eval/first_acc", "eval/wrong_to_right", "eval/right_to_wrong",
+                                          "eval/revision_gain")}}
 
 
 def evaluate_held_out(engine, tokenizer, items: list, cfg, *, step: int, samples: list | None = None,

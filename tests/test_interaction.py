@@ -86,7 +86,9 @@ def test_reward_phase_scores_every_actor_turn():
     assert metrics["reward/correctness_binary"] == 0.5          # the last answers'
     assert conversation_metrics(scored.info["turn_correct"]) == {
         "interaction/first_acc": 0.5, "interaction/final_acc": 0.5, "interaction/wrong_to_right": 0.5,
-        "interaction/right_to_wrong": 0.5, "interaction/turns_mean": 2.0}
+        "interaction/right_to_wrong": 0.5, "interaction/revision_gain": 0.0, "interaction/turns_mean": 2.0}
+    gained = conversation_metrics([[False, True], [False, True], [True, True], [False, False]])
+    assert gained["interaction/revision_gain"] == 0.5 == gained["interaction/wrong_to_right"]
     assert scored.sample_rows(1)[0]["turns"] == ["-30", "wrong: too low", "-28"]
 
 
@@ -309,7 +311,7 @@ def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, mul
         for key in ("first_acc", "final_acc", "wrong_to_right", "right_to_wrong", "turns_mean", "env_tokens_mean"):
             assert f"interaction/{key}" in m
         assert 1.0 <= m["interaction/turns_mean"] <= 2.0
-    assert {"eval/first_acc", "eval/wrong_to_right", "eval/right_to_wrong"} <= set(lines[0]) & set(lines[-1])
+    assert {"eval/first_acc", "eval/wrong_to_right", "eval/right_to_wrong", "eval/revision_gain"} <= set(lines[0]) & set(lines[-1])
     assert len(seen) == 2
     env_tokens = 0
     for masks, response_mask in seen:
@@ -386,3 +388,56 @@ def test_revision_demos_have_the_token_layout_of_a_second_turn():
     single = OmegaConf.create({"interaction": {"environment": None, "warmup_revision_frac": 0.5}})
     assert revision_demos(off, items, tok, seed=3) == [] and revision_demos(OmegaConf.create({}), items, tok, seed=3) == []
     assert revision_demos(single, items, tok, seed=3) == []
+
+
+# ------------------------------------------------------------------ the critic LLM in the loop
+
+# A short critic warm-up and an update every step, so that two steps train the critic once or twice.
+CRITIC_RUN = ["rollout=hf", "interaction=critic", "interaction.warmup_revision_frac=0.5",
+              "interaction.critic.warmup.max_steps=20", "interaction.critic.warmup.eval_every=10",
+              "interaction.critic.warmup_dev_size=20", "interaction.critic.update_every=1",
+              "interaction.critic.top_frac=0.25", "interaction.critic.bottom_frac=0.25"]
+
+
+# The loop path is the same for every mode but the update (unit-tested in tests/test_critic_env.py): one
+# mode runs in the default suite, the others in the slow tier.
+@pytest.mark.parametrize("mode", [pytest.param("false", marks=pytest.mark.slow), "sft_top_bottom",
+                                  pytest.param("rl", marks=pytest.mark.slow)])
+def test_two_steps_with_a_critic_llm(tmp_path, multi_turn_cache, monkeypatch, mode):
+    """Each critic mode runs in the loop: the critic's metrics are logged, a trained critic updates, and the
+    samples carry its feedback next to the first answer and the revision."""
+    run_dir = tmp_path / "run"
+    code = train_in_process([*TINY_RUN, *CRITIC_RUN, f"interaction.critic.train={mode}", "trainer.log_samples_every=1",
+                             f"hydra.run.dir={run_dir}", f"cache_dir={multi_turn_cache}"], monkeypatch)
+    assert code == 0, (run_dir / "summary.json").read_text() if (run_dir / "summary.json").exists() else code
+    lines = read_metrics(run_dir)
+    for m in lines[1:3]:
+        assert {"critic/verdict_acc", "critic/examples", "critic/updates", "interaction/first_acc"} <= set(m)
+    gathered = sum(m["critic/examples"] for m in lines[1:3])
+    if mode == "false":
+        assert lines[2]["critic/updates"] == 0.0 and gathered == 0 and not any("critic/loss" in m for m in lines)
+    else:   # updates every step that gathered an example
+        assert gathered > 0 and lines[2]["critic/updates"] == sum(m["critic/examples"] > 0 for m in lines[1:3])
+        assert all(("critic/loss" in m) == (m["critic/examples"] > 0) for m in lines[1:3])
+    rows = [json.loads(s) for s in (run_dir / "samples.jsonl").read_text().splitlines() if s.strip()]
+    assert rows and all("turns" in r for r in rows)
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_with_a_trained_critic_equals_an_uninterrupted_run(tmp_path, multi_turn_cache, monkeypatch):
+    """Exact resume covers both models: the critic's weights, optimizer and pending examples come back."""
+    from test_resume import comparable, kill_after_step
+
+    run = [*TINY_RUN, *CRITIC_RUN, "interaction.critic.train=sft_top_bottom", "interaction.critic.update_every=2",
+           "trainer.total_steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
+    ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
+    proc = run_train(run, ref_dir, multi_turn_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kill_after_step(run, run_dir, multi_turn_cache, step=3)       # checkpoint at 2; step 3 is lost
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(run_dir)], cwd=REPO, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resumed, reference = read_metrics(run_dir), read_metrics(ref_dir)
+    assert [m["step"] for m in resumed] == [m["step"] for m in reference] == [0, 1, 2, 3, 4, 4]
+    assert reference[4]["critic/updates"] == 2.0
+    assert comparable(resumed) == comparable(reference)

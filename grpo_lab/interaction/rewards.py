@@ -103,7 +103,8 @@ def step_record(scored) -> StepRecord:
 
 def conversation_metrics(turn_correct: list[list[bool]], loss_masks: list[list[int]] | None = None,
                          prefix: str = "interaction/") -> dict[str, float]:
-    """first_acc, final_acc, wrong_to_right, right_to_wrong (fractions of sequences), turns_mean (actor
+    """first_acc, final_acc, wrong_to_right, right_to_wrong (fractions of sequences), revision_gain
+    (final_acc − first_acc = wrong_to_right − right_to_wrong), turns_mean (actor
     turns) and, with loss masks, env_tokens_mean (environment tokens per sequence)."""
     n = max(len(turn_correct), 1)
     first = [c[0] for c in turn_correct]
@@ -111,6 +112,7 @@ def conversation_metrics(turn_correct: list[list[bool]], loss_masks: list[list[i
     out = {"first_acc": sum(first) / n, "final_acc": sum(last) / n,
            "wrong_to_right": sum((not f) and l for f, l in zip(first, last)) / n,
            "right_to_wrong": sum(f and not l for f, l in zip(first, last)) / n,
+           "revision_gain": (sum(last) - sum(first)) / n,
            "turns_mean": sum(len(c) for c in turn_correct) / n}
     if loss_masks is not None:
         out["env_tokens_mean"] = sum(len(m) - sum(m) for m in loss_masks) / n
