@@ -325,22 +325,30 @@ def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, mul
 
 def test_kill_9_then_resume_with_a_plug_in_environment_equals_an_uninterrupted_run(tmp_path, multi_turn_cache,
                                                                                     monkeypatch):
-    from test_resume import comparable, kill_after_step
-
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))
     run = [*TINY_RUN, "rollout=hf", "interaction.environment=interaction_plugins:Hint", "interaction.max_turns=2",
-           "interaction.reward=improvement", "trainer.total_steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
+           "interaction.reward=improvement"]
+    reference = killed_and_resumed_equals_uninterrupted(run, tmp_path, multi_turn_cache)
+    assert [m["hint/steps"] for m in reference[1:5]] == [1.0, 2.0, 3.0, 4.0]   # the environment's state came back
+
+
+def killed_and_resumed_equals_uninterrupted(run: list[str], tmp_path: Path, cache: Path) -> list[dict]:
+    """`run` for 4 steps (checkpoints every 2) uninterrupted, and again killed with -9 after step 3 and
+    resumed (step 3 is lost and redone): the two metrics logs agree; returns the uninterrupted one."""
+    from test_resume import comparable, kill_after_step
+
+    run = [*run, "trainer.total_steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
-    proc = run_train(run, ref_dir, multi_turn_cache)
+    proc = run_train(run, ref_dir, cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    kill_after_step(run, run_dir, multi_turn_cache, step=3)       # checkpoint at 2; step 3 is lost
+    kill_after_step(run, run_dir, cache, step=3)
     proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(run_dir)], cwd=REPO, env=dict(os.environ),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed, reference = read_metrics(run_dir), read_metrics(ref_dir)
     assert [m["step"] for m in resumed] == [m["step"] for m in reference] == [0, 1, 2, 3, 4, 4]
-    assert [m["hint/steps"] for m in reference[1:5]] == [1.0, 2.0, 3.0, 4.0]   # the environment's state came back
     assert comparable(resumed) == comparable(reference)
+    return reference
 
 
 # ------------------------------------------------------------------ revision demonstrations
@@ -426,18 +434,6 @@ def test_two_steps_with_a_critic_llm(tmp_path, multi_turn_cache, monkeypatch, mo
 @pytest.mark.slow
 def test_kill_9_then_resume_with_a_trained_critic_equals_an_uninterrupted_run(tmp_path, multi_turn_cache, monkeypatch):
     """Exact resume covers both models: the critic's weights, optimizer and pending examples come back."""
-    from test_resume import comparable, kill_after_step
-
-    run = [*TINY_RUN, *CRITIC_RUN, "interaction.critic.train=sft_top_bottom", "interaction.critic.update_every=2",
-           "trainer.total_steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
-    ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
-    proc = run_train(run, ref_dir, multi_turn_cache)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    kill_after_step(run, run_dir, multi_turn_cache, step=3)       # checkpoint at 2; step 3 is lost
-    proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(run_dir)], cwd=REPO, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    resumed, reference = read_metrics(run_dir), read_metrics(ref_dir)
-    assert [m["step"] for m in resumed] == [m["step"] for m in reference] == [0, 1, 2, 3, 4, 4]
-    assert reference[4]["critic/updates"] == 2.0
-    assert comparable(resumed) == comparable(reference)
+    run = [*TINY_RUN, *CRITIC_RUN, "interaction.critic.train=sft_top_bottom", "interaction.critic.update_every=2"]
+    reference = killed_and_resumed_equals_uninterrupted(run, tmp_path, multi_turn_cache)
+    assert reference[4]["critic/updates"] == 2.0   # updates at steps 2 and 4: one before the kill, one after
