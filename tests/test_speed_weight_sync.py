@@ -9,6 +9,7 @@ import sys
 from types import SimpleNamespace as NS
 
 import pytest
+import numpy as np
 import torch
 
 from grpo_lab.rollout.weight_sync import ALIGN, ChangeTracker, choose_transport, layer_key, pack_bucket, plan_buckets
@@ -96,20 +97,29 @@ def test_change_tracker_sends_everything_first_then_only_changed_whole_layers():
 
 def test_change_tracker_resends_fresh_tensors_that_reuse_a_freed_address():
     """Tensors made afresh for every push (LoRA's merged W + BA, FSDP2's gathered state dict) are freed
-    after it; the next push's tensors of the same sizes usually get their addresses, at version 0 again.
+    after it; the next push's tensors of the same sizes often get their addresses, at version 0 again.
     They are changes, and the tracker must say so (it once compared pointer and version only, and an
-    engine fed that way kept weights several steps old without any error)."""
-    base = torch.randn(64, 64)
+    engine fed that way kept weights several steps old without any error).
+
+    Whether the allocator reuses an address is up to it, so the test makes the reuse certain: each push
+    wraps the same host memory in a new tensor (torch.from_numpy), i.e. same pointer, version 0, new
+    storage, new values."""
+    memory = np.zeros((64, 64), dtype=np.float32)
     tr = ChangeTracker()
     addresses = []
     for step in range(4):
-        named = [("model.layers.0.mlp.down_proj.weight", base + step)]   # a new tensor each push
+        memory[:] = step                                                  # new values, same address
+        named = [("model.layers.0.mlp.down_proj.weight", torch.from_numpy(memory))]
         addresses.append(named[0][1].data_ptr())
+        assert named[0][1]._version == 0
         assert [n for n, _ in tr.changed(named)] == ["model.layers.0.mlp.down_proj.weight"], step
         tr.commit(named)
         del named
-    # The case is real here: at least one push found its predecessor's freed address.
-    assert len(set(addresses)) < len(addresses)
+    assert len(set(addresses)) == 1                                       # every push at one address
+    # And while the pushed tensor itself is alive and untouched, it is not resent.
+    kept = [("model.layers.0.mlp.down_proj.weight", torch.from_numpy(memory))]
+    tr.commit(kept)
+    assert tr.changed(kept) == []
 
 
 # --------------------------------------------------------------------------------- buckets
