@@ -17,7 +17,7 @@ from grpo_lab.rewards import is_correct
 
 def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature: float = 0.0, n: int = 1,
              seed: int = 0, samples: list | None = None, max_samples: int = 0, environment=None,
-             max_turns: int = 1) -> dict:
+             max_turns: int = 1, max_model_len: int | None = None) -> dict:
     """Accuracy of `n` completions per held-out item, and the mean completion length of right and wrong ones.
 
     engine: any RolloutEngine (grpo_lab.rollout); its weights are the ones evaluated.
@@ -27,14 +27,18 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
     it as readable rows (prompt, completion, answer, correct) for samples.jsonl.
 
     With an `environment` (grpo_lab.interaction), each completion is a conversation of up to
-    `max_turns` answers (first answer, the environment's reply, revision, ...): eval/accuracy is the
-    final answer's, and eval/first_acc, eval/wrong_to_right, eval/right_to_wrong say what the
+    `max_turns` answers (first answer, the environment's reply, revision, ...), within `max_model_len`
+    tokens (the engine's context, required then): eval/accuracy is the final answer's, and eval/first_acc, eval/wrong_to_right, eval/right_to_wrong say what the
     revision changed; rows gain `turns`.
     """
     if environment is not None:
+        if max_model_len is None:
+            raise ValueError("evaluate with an environment needs max_model_len (the engine's context, "
+                             "rollout.max_model_len): a conversation's later turns are checked against it")
         return _evaluate_conversations(engine, tokenizer, items, environment, max_turns=max_turns, n=n, seed=seed,
                                        sampling=SimpleNamespace(temperature=temperature, top_p=1.0,
-                                                                max_new_tokens=max_new_tokens),
+                                                                max_new_tokens=max_new_tokens,
+                                                                max_model_len=max_model_len),
                                        samples=samples, max_samples=max_samples)
     prompts = [encode_prompt(tokenizer, it.prompt) for it in items]
     out = engine.generate(prompts, n=n, temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens,
@@ -80,7 +84,8 @@ def evaluate_held_out(engine, tokenizer, items: list, cfg, *, step: int, samples
     trainer.eval_sampled_k = k > 0 the mean accuracy of k samples per item at rollout.temperature
     (eval/sampled_accuracy, mean@k; DAPO reports avg@32), seeded by run seed and step so that rows of a
     table sharing a seed share the random numbers too."""
-    turns = {"environment": environment, "max_turns": cfg.interaction.max_turns} if environment is not None else {}
+    turns = ({"environment": environment, "max_turns": cfg.interaction.max_turns,
+              "max_model_len": cfg.rollout.max_model_len} if environment is not None else {})
     metrics = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens, samples=samples,
                        max_samples=max_samples, **turns)
     k = cfg.trainer.get("eval_sampled_k", 0)

@@ -55,8 +55,14 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
     """Every prompt plus rollout.max_new_tokens must fit the engine's context: checked on the tokenized
     prompts before any training (the warm-up would otherwise train on them, and one 10,000-token row
     asks for gigabytes of attention) and before any engine starts. Rows over it refuse the run, or with
-    task.drop_overlong=true leave every split, with a printed count."""
-    room = cfg.rollout.max_model_len - cfg.rollout.max_new_tokens
+    task.drop_overlong=true leave every split, with a printed count. A multi-turn run needs room for
+    every actor turn (interaction.max_turns answers of up to rollout.max_new_tokens each); the
+    environment's messages, whose length is not known before they are written, are checked as they
+    come (grpo_lab/interaction/rollout.py ends a conversation that would overflow)."""
+    i = cfg.get("interaction")
+    turns = i.max_turns if i is not None and i.get("environment") else 1
+    answers = turns * cfg.rollout.max_new_tokens
+    room = cfg.rollout.max_model_len - answers
     lengths = {name: [len(encode_prompt(tokenizer, it.prompt)) for it in split] for name, split in task.splits.items()}
     over = {name: [n > room for n in ls] for name, ls in lengths.items()}
     n_over, n_all = sum(sum(o) for o in over.values()), sum(len(ls) for ls in lengths.values())
@@ -67,9 +73,11 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
     if not cfg.task.get("drop_overlong", False):
         raise ConfigError(
             f"rollout.max_model_len={cfg.rollout.max_model_len} is too small for {n_over} of {n_all} prompts of {data}: "
-            f"the longest has {longest} tokens and rollout.max_new_tokens={cfg.rollout.max_new_tokens}; raise "
-            f"rollout.max_model_len to >= {longest + cfg.rollout.max_new_tokens} (within the model's context), lower "
-            "rollout.max_new_tokens, or drop those rows with task.drop_overlong=true")
+            f"the longest has {longest} tokens and rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+            + (f" for each of interaction.max_turns={turns} answers" if turns > 1 else "") +
+            f"; raise rollout.max_model_len to >= {longest + answers} (within the model's context), lower "
+            "rollout.max_new_tokens" + (" or interaction.max_turns" if turns > 1 else "") +
+            ", or drop those rows with task.drop_overlong=true")
     for name, flags in over.items():
         task.splits[name] = [it for it, too_long in zip(task.splits[name], flags) if not too_long]
         if not task.splits[name]:
@@ -77,8 +85,9 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
                               f"rollout.max_model_len={cfg.rollout.max_model_len} with rollout.max_new_tokens="
                               f"{cfg.rollout.max_new_tokens}); raise rollout.max_model_len")
     per_split = ", ".join(f"{name} {sum(flags)}" for name, flags in over.items() if any(flags))
+    per_answer = f"{turns} x rollout.max_new_tokens" if turns > 1 else "rollout.max_new_tokens"
     print(f"task.drop_overlong: dropped {n_over} of {n_all} prompts of {data} longer than {room} tokens "
-          f"(rollout.max_model_len - rollout.max_new_tokens; {per_split})")
+          f"(rollout.max_model_len - {per_answer}; {per_split})")
 
 
 def build_model_dir(model_cfg: DictConfig, *, alphabet: str, seed: int, cache_dir: Path) -> Path:

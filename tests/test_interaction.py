@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,12 +20,13 @@ from omegaconf import OmegaConf
 from helpers import REPO, TINY_RUN, read_metrics, run_train, train_in_process
 from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.interaction import ENVIRONMENTS, message_alphabet, multi_turn_rollout, reference_problem
-from grpo_lab.interaction.rewards import conversation_metrics, each_turn, final, improvement, padded_turns
+from grpo_lab.interaction.rewards import conversation_metrics, each_turn, final, improvement, padded_turns, turn_metrics
 from grpo_lab.interaction.rollout import TURN_SEED_STRIDE
 from grpo_lab.interaction.verifier import verifier_message
 from grpo_lab.models import MODEL_BUILDERS, build_char_tokenizer
 from grpo_lab.prompts import configure_tokenizer, encode_prompt, environment_turn_ids
 from grpo_lab.rollout import Rollout
+from grpo_lab.run_setup import check_context
 from grpo_lab.schema import AlgorithmConfig, ConfigError, LearnerConfig
 from grpo_lab.tasks import Task, TaskItem
 
@@ -165,7 +167,7 @@ def test_multi_turn_rollout_layout():
     tok = build_char_tokenizer(CHARS)
     env = ENVIRONMENTS.get("verifier_feedback")(None, tokenizer=tok, task=None)
     engine = ScriptedEngine(tok, [["-30", "-28"], ["-28"]])
-    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8})
+    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "max_model_len": 256})
     out = multi_turn_rollout(engine, tok, [item("-28")], env, group_size=2, max_turns=3, rollout_cfg=sampling, seed=5)
     prompt = encode_prompt(tok, "15-43=")
     first = tok.encode("-30", add_special_tokens=False) + [tok.eos_token_id]
@@ -183,11 +185,49 @@ def test_multi_turn_rollout_layout():
     assert picked.turns == [out.turns[1], out.turns[0]] and picked.loss_masks == [out.loss_masks[1], out.loss_masks[0]]
 
 
+@pytest.mark.parametrize("spare", [0, -1])
+def test_a_conversation_that_would_overflow_the_context_ends_where_it_is(spare):
+    """The next turn needs prompt + history + message + max_new_tokens <= rollout.max_model_len; with one
+    token too few the conversation ends after its first answer (the engine is not asked, the step's
+    interaction/context_full counts it), with exactly enough it goes on."""
+    tok = build_char_tokenizer(CHARS)
+    env = ENVIRONMENTS.get("verifier_feedback")(None, tokenizer=tok, task=None)
+    prompt = encode_prompt(tok, "15-43=")
+    first = tok.encode("-30", add_special_tokens=False) + [tok.eos_token_id]
+    message = tok.encode("?wrong: too low\n", add_special_tokens=False)
+    need = len(prompt) + len(first) + len(message) + 8
+    engine = ScriptedEngine(tok, [["-30", "-28"], ["-28"]])
+    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "max_model_len": need + spare})
+    out = multi_turn_rollout(engine, tok, [item("-28")], env, group_size=2, max_turns=2, rollout_cfg=sampling, seed=0)
+    full = spare < 0
+    assert len(engine.calls) == (1 if full else 2)
+    assert out.turns[0] == (["-30"] if full else ["-30", "wrong: too low", "-28"])
+    assert bool(out.env_info[0][0].get("context_full")) is full and not out.env_info[1][0].get("context_full")
+    scored = SimpleNamespace(rollout=out, info={"turn_correct": [[False] if full else [False, True], [True]]})
+    assert turn_metrics(scored)["interaction/context_full"] == (0.5 if full else 0.0)
+
+
+def test_the_context_check_makes_room_for_every_actor_turn():
+    """A prompt that fits one answer but not interaction.max_turns of them is refused before any work, and
+    the error names the setting to change."""
+    cfg = make(["interaction=verifier_feedback", "rollout.max_new_tokens=8"])
+    tok = build_char_tokenizer(CHARS)
+    task = SimpleNamespace(splits={"train": [item("-28")]})
+    cfg.rollout.max_model_len = len(encode_prompt(tok, "15-43=")) + 2 * 8
+    check_context(cfg, task, tok)                                            # two answers fit exactly
+    cfg.rollout.max_model_len -= 1
+    with pytest.raises(ConfigError, match="interaction.max_turns=2") as err:
+        check_context(cfg, task, tok)
+    assert f"rollout.max_model_len to >= {cfg.rollout.max_model_len + 1}" in str(err.value)
+    single = make(["rollout.max_new_tokens=8", f"rollout.max_model_len={cfg.rollout.max_model_len}"])
+    check_context(single, task, tok)                                         # single-turn: one answer's room
+
+
 def test_a_plug_in_environment_by_import_path():
     tok = build_char_tokenizer(CHARS)
     env = ENVIRONMENTS.get("interaction_plugins:Hint")(None, tokenizer=tok, task=None)
     engine = ScriptedEngine(tok, [["-30", "-28"], ["-29", "-27"]])
-    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8})
+    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "max_model_len": 256})
     out = multi_turn_rollout(engine, tok, [item("-28")], env, group_size=2, max_turns=2, rollout_cfg=sampling, seed=0)
     assert out.turns == [["-30", "hint: retry", "-29"], ["-28", "hint: retry", "-27"]]
     assert out.verdicts == [[None], [None]] and out.env_info == [[{"seen": 1}], [{"seen": 1}]]
@@ -210,7 +250,7 @@ def test_environment_tokens_are_masked_and_actor_logprobs_match_a_fresh_forward(
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     env = ENVIRONMENTS.get("verifier_feedback")(None, tokenizer=tok, task=None)
     engine = ScriptedEngine(tok, [["-30", "-28"], ["-28"]])
-    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8})
+    sampling = OmegaConf.create({"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, "max_model_len": 256})
     rollout = multi_turn_rollout(engine, tok, [item("-28")], env, group_size=2, max_turns=2, rollout_cfg=sampling,
                                  seed=0)
     scored = ScoredRollout(rollout, [item("-28")] * 2, torch.tensor([1.0, 0.5]), torch.tensor([1.0, 1.0]))

@@ -120,7 +120,11 @@ def conversation_metrics(turn_correct: list[list[bool]], loss_masks: list[list[i
 
 
 def turn_metrics(scored) -> dict[str, float]:
-    """interaction/ metrics of a step's scored conversations; {} for a single-turn rollout."""
-    if scored.rollout.turns is None:
+    """interaction/ metrics of a step's scored conversations, and context_full (the fraction ended early
+    because the next turn would not fit rollout.max_model_len); {} for a single-turn rollout."""
+    r = scored.rollout
+    if r.turns is None:
         return {}
-    return conversation_metrics(scored.info["turn_correct"], scored.rollout.loss_masks)
+    full = [any(info.get("context_full") for info in conv) for conv in (r.env_info or [])]
+    return {**conversation_metrics(scored.info["turn_correct"], r.loss_masks),
+            "interaction/context_full": sum(full) / max(len(full), 1)}

@@ -8,8 +8,12 @@ continues from its own token history, never re-tokenized:
     next prompt = prompt ids + every earlier turn's ids (answers as sampled, messages as formatted by
                   grpo_lab.prompts.environment_turn_ids) ,   sampled with n=1, seeded per turn
 
-The environment is not asked after the last allowed turn (nothing would follow its message). The
-result keeps the single-turn Rollout's grouped shape (see grpo_lab.rollout.base.Rollout).
+The environment is not asked after the last allowed turn (nothing would follow its message). A
+conversation whose next turn would not fit the engine's context (prompt + history + message +
+max_new_tokens > rollout.max_model_len) ends where it is, as verl's multi-turn rollout ends one at its
+length budget, instead of failing the whole batch in the engine; its last reply's info says
+`context_full` (the step's interaction/context_full metric counts them). The result keeps the
+single-turn Rollout's grouped shape (see grpo_lab.rollout.base.Rollout).
 """
 
 from __future__ import annotations
@@ -80,7 +84,13 @@ def multi_turn_rollout(engine, tokenizer, items: list, env, *, group_size: int, 
             if reply.done or reply.message is None:
                 conv.done = True
                 continue
-            conv.add_message(environment_turn_ids(tokenizer, reply.message, answer_ids=conv.ids), reply.message)
+            message_ids = environment_turn_ids(tokenizer, reply.message, answer_ids=conv.ids)
+            context = len(prompts[group_ids[k]]) + len(conv.ids) + len(message_ids) + rollout_cfg.max_new_tokens
+            if context > rollout_cfg.max_model_len:
+                conv.info[-1]["context_full"] = True
+                conv.done = True
+                continue
+            conv.add_message(message_ids, reply.message)
             going.append(k)
         if not going:
             break
