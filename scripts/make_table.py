@@ -43,6 +43,11 @@ import sys
 import time
 from pathlib import Path
 
+# This checkout's package ahead of the environment's editable install (which names one checkout): a table
+# launched from a second worktree, kept as a snapshot while the first is edited, must run that worktree's
+# code, and its jobs (started in the package's root) too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from grpo_lab.tables import TableSpecError, load_spec, make_plan, preflight, state
 from grpo_lab.tables.findings import build
 from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, jobs_overlap, jobs_within, launches,
