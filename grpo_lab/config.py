@@ -138,8 +138,10 @@ def _check_algorithm(cfg: DictConfig, errors: list[str], machine: bool) -> None:
 
 def _check_model(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     from grpo_lab.models import MODEL_BUILDERS
+    from grpo_lab.models.builders import settings_errors
 
     if check_registered(MODEL_BUILDERS, cfg.model.builder, "model.builder", errors):
+        errors += settings_errors(cfg.model, "model")
         if MODEL_BUILDERS.fact(cfg.model.builder, "needs_path"):
             _check(bool(cfg.model.path), f"model={cfg.model.builder} needs a local model directory: set "
                    "model.path=/path/to/hf_model (the Hugging Face hub is not reachable offline; download it "

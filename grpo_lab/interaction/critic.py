@@ -67,6 +67,7 @@ from grpo_lab.interaction.critic_feedback import (COMPACT_CHARS, FEEDBACK_FORMAT
                                                   revision_reward, synthetic_task, top_bottom, verifier_kind)
 from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, token_logprobs
 from grpo_lab.models import MODEL_BUILDERS
+from grpo_lab.models.builders import settings_errors
 from grpo_lab.prompts import uses_chat_template
 from grpo_lab.registry import Registry
 from grpo_lab.rollout import make_engine
@@ -128,7 +129,10 @@ def _config_errors(c: DictConfig) -> list[str]:
          "interaction.critic.max_offset, batch_size and warmup_pairs_per_item must be >= 1, sft_steps and "
          "rl_steps >= 0"),
     ]
-    return [message for ok, message in checks if not ok]
+    errors = [message for ok, message in checks if not ok]
+    if c.model.builder in MODEL_BUILDERS:
+        errors += settings_errors(c.model, "interaction.critic.model")
+    return errors
 
 
 def feedback_format(tokenizer, name: str = "auto") -> FeedbackFormat:

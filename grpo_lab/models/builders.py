@@ -30,8 +30,22 @@ from .tiny_llama import build_tiny_llama
 # Facts: `needs_path` (the builder reads an existing directory from model.path), `per_task` (what it
 # builds depends on the task's alphabet and the seed, so it is cached per task and seed; a pretrained
 # model is cached once per model) and `architecture` (model config section -> arch.Arch, from
-# config alone, for the memory plan; None = unknown).
-MODEL_BUILDERS = Registry("model", defaults={"needs_path": False, "per_task": False, "architecture": None})
+# config alone, for the memory plan; None = unknown) and `settings` (the keys of a model config section
+# it takes; any other key set there is refused before a run starts, by `unknown_settings`).
+MODEL_BUILDERS = Registry("model", defaults={"needs_path": False, "per_task": False, "architecture": None,
+                                             "settings": ()})
+
+
+def settings_errors(model_cfg, section: str) -> list[str]:
+    """A config error naming the keys set (not null) in the model config section `section` (e.g. "model",
+    "interaction.critic.model") that its builder does not take (a tiny model's sizes left under a
+    pretrained builder), so the run refuses before it builds anything; [] when there are none."""
+    takes = set(MODEL_BUILDERS.fact(model_cfg["builder"], "settings"))
+    bad = [k for k, v in model_cfg.items() if k != "builder" and v is not None and k not in takes]
+    if not bad:
+        return []
+    return [f"{section}.builder={model_cfg['builder']} does not take {', '.join(f'{section}.{k}' for k in bad)} "
+            f"(settings of another builder); set {' '.join(f'{section}.{k}=null' for k in bad)}"]
 
 def _check_spec(out_dir: Path, spec: dict[str, Any]) -> None:
     """Raise if ``out_dir`` was built by us with different arguments."""
@@ -52,7 +66,8 @@ def _jsonable(spec: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(spec, sort_keys=True, default=str))
 
 
-@MODEL_BUILDERS.register("tiny_llama", per_task=True, architecture=tiny_llama_arch)
+@MODEL_BUILDERS.register("tiny_llama", per_task=True, architecture=tiny_llama_arch,
+                         settings=tuple(inspect.signature(build_tiny_llama).parameters)[1:])
 def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
     """Character tokenizer over ``alphabet`` + a random ``build_tiny_llama(**model_kwargs)``."""
     out_dir = Path(out_dir)
@@ -86,7 +101,7 @@ def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **
     return smollm2_135m(out_dir)
 
 
-@MODEL_BUILDERS.register("pretrained", needs_path=True, architecture=local_dir_arch)
+@MODEL_BUILDERS.register("pretrained", needs_path=True, architecture=local_dir_arch, settings=("path",))
 def pretrained(out_dir: Path, *, alphabet: str = "", seed: int = 0, path: str | os.PathLike | None = None,
                **model_kwargs: Any) -> Path:
     """An existing local HF model directory ``path``, returned as is (nothing is copied to ``out_dir``).
