@@ -545,3 +545,19 @@ def test_table_files_name_project_paths_not_absolute_ones(tmp_path, monkeypatch)
     assert display_path(tmp_path / "outputs" / "tables" / "kl") == "outputs/tables/kl"
     assert display_path("outputs/x") == "outputs/x"
     assert display_path("/somewhere/else") == "/somewhere/else"   # outside the project: left as given
+
+
+def test_display_path_names_runs_under_a_linked_outputs_dir_by_project_path(tmp_path, monkeypatch):
+    """A worktree whose outputs/ links to another checkout's: its tables still name outputs/..., not the
+    other checkout's absolute path."""
+    from grpo_lab.report.runs import display_path
+
+    shared = tmp_path / "main" / "outputs"
+    (shared / "tables" / "t" / "0_a_s0").mkdir(parents=True)
+    project = tmp_path / "worktree"
+    project.mkdir()
+    (project / "outputs").symlink_to(shared)
+    monkeypatch.chdir(project)
+    assert display_path(shared / "tables" / "t" / "0_a_s0") == "outputs/tables/t/0_a_s0"
+    assert display_path(project / "outputs" / "tables") == "outputs/tables"
+    assert display_path(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")

@@ -115,12 +115,15 @@ class Run:
 
 def display_path(path: str | os.PathLike) -> str:
     """`path` relative to the working directory (the project, for make targets) when it lies inside it,
-    so committed tables name project paths, not one machine's absolute ones."""
-    p = Path(path)
-    try:
-        return str(p.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(p)
+    so committed tables name project paths, not one machine's absolute ones. A project whose outputs/ is a
+    link (a second worktree sharing the first one's runs) names them outputs/... too."""
+    p, cwd = Path(path).resolve(), Path.cwd()
+    for root, shown in ((cwd.resolve(), Path()), ((cwd / "outputs").resolve(), Path("outputs"))):
+        try:
+            return str(shown / p.relative_to(root))
+        except ValueError:
+            continue
+    return str(path)
 
 
 def _natural_key(path: Path) -> list:
