@@ -28,8 +28,9 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
 
     With an `environment` (grpo_lab.interaction), each completion is a conversation of up to
     `max_turns` answers (first answer, the environment's reply, revision, ...), within `max_model_len`
-    tokens (the engine's context, required then): eval/accuracy is the final answer's, and eval/first_acc, eval/wrong_to_right, eval/right_to_wrong say what the
-    revision changed; rows gain `turns`.
+    tokens (the engine's context, required then): eval/accuracy is the final answer's, and
+    eval/first_acc, eval/wrong_to_right, eval/right_to_wrong say what the revision changed; rows gain
+    `turns`.
     """
     if environment is not None:
         if max_model_len is None:

@@ -59,8 +59,7 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
     every actor turn (interaction.max_turns answers of up to rollout.max_new_tokens each); the
     environment's messages, whose length is not known before they are written, are checked as they
     come (grpo_lab/interaction/rollout.py ends a conversation that would overflow)."""
-    i = cfg.get("interaction")
-    turns = i.max_turns if i is not None and i.get("environment") else 1
+    turns = cfg.interaction.max_turns if cfg.get("interaction") is not None else 1   # 1 without an environment
     answers = turns * cfg.rollout.max_new_tokens
     room = cfg.rollout.max_model_len - answers
     lengths = {name: [len(encode_prompt(tokenizer, it.prompt)) for it in split] for name, split in task.splits.items()}
