@@ -332,19 +332,30 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
     check_registered(TURN_REWARDS, i.reward, "interaction.reward", errors)
     _check(i.improvement_coef >= 0, f"interaction.improvement_coef={i.improvement_coef} must be >= 0 (α of "
            "interaction.reward=improvement)", errors)
+    frac = i.get("warmup_revision_frac", 0.0)
+    _check(0 <= frac < 1, f"interaction.warmup_revision_frac={frac} must be in [0, 1) (the share of warm-up examples "
+           "that are revision demonstrations; 0 = none)", errors)
+    demos_from = list(i.get("warmup_demos_from") or [])
+    _check(not demos_from or frac > 0, f"interaction.warmup_demos_from={demos_from} names the environments the "
+           "warm-up's revision demonstrations are written in, but interaction.warmup_revision_frac=0 makes none: set "
+           "interaction.warmup_revision_frac > 0 (e.g. 0.5) or interaction.warmup_demos_from=null", errors)
+    for name in demos_from:
+        if check_registered(ENVIRONMENTS, name, "interaction.warmup_demos_from", errors):
+            _check(has_demo_message(name), f"interaction.warmup_demos_from: environment {name} cannot say what it "
+                   "would answer to a given answer (it has no demo_message); leave it out of the list", errors)
+    _check(not (frac and (demos_from or i.environment is not None)) or cfg.warmup.max_steps > 0,
+           f"interaction.warmup_revision_frac={frac} adds revision demonstrations to the warm-up SFT, which "
+           "warmup.max_steps=0 turns off: set interaction.warmup_revision_frac=0 (and interaction.warmup_demos_from=null)",
+           errors)
     if i.environment is None:
         _check(i.max_turns == 1, f"interaction.max_turns={i.max_turns} needs an environment to reply between turns: "
                "set interaction.environment (e.g. interaction=verifier_feedback) or interaction.max_turns=1", errors)
         return
-    frac = i.get("warmup_revision_frac", 0.0)
-    _check(0 <= frac < 1, f"interaction.warmup_revision_frac={frac} must be in [0, 1) (the share of warm-up examples "
-           "that are revision demonstrations; 0 = none)", errors)
     if check_registered(ENVIRONMENTS, i.environment, "interaction.environment", errors):
-        _check(not frac or cfg.warmup.max_steps > 0, f"interaction.warmup_revision_frac={frac} adds demonstrations "
-               "to the warm-up SFT, which warmup.max_steps=0 turns off: set interaction.warmup_revision_frac=0", errors)
-        _check(not frac or has_demo_message(i.environment), f"interaction.warmup_revision_frac={frac}: environment "
-               f"{i.environment} cannot say what it would answer to a given answer (it has no demo_message), so "
-               "there are no demonstrations to make; set interaction.warmup_revision_frac=0", errors)
+        _check(not frac or demos_from or has_demo_message(i.environment), f"interaction.warmup_revision_frac={frac}: "
+               f"environment {i.environment} cannot say what it would answer to a given answer (it has no "
+               "demo_message), so there are no demonstrations to make; set interaction.warmup_revision_frac=0 or name "
+               "environments that can in interaction.warmup_demos_from", errors)
         # An environment with settings of its own checks them here (the critic LLM: interaction.critic).
         errors += getattr(ENVIRONMENTS.get(i.environment), "config_errors", lambda _cfg: [])(cfg)
         _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),

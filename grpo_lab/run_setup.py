@@ -115,9 +115,11 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
         return base_dir, {"skipped": True}
     # A dataset read from files is keyed by their content too: one edited in place gets a new warm-up.
     data = [task.info["data_sha256"]] if task.info.get("data_sha256") else []
-    # Revision demonstrations (interaction.warmup_revision_frac > 0) key the warm-up by what they hold.
+    # Revision demonstrations (interaction.warmup_revision_frac > 0) key the warm-up by their tokens, not
+    # by the interaction settings: rows that run different environments over the same demonstrations
+    # (interaction.warmup_demos_from) share one warm-up checkpoint.
     demos = revision_demos(cfg, task.splits["train"], tokenizer, seed=cfg.seed)
-    demo_key = [cfg.interaction] if demos else []
+    demo_key = [cache_key(demos)] if demos else []
     warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed, *data, *demo_key)
     stats = warmup_sft(base_dir, warm_dir, task, cfg.warmup, max_new_tokens=cfg.rollout.max_new_tokens,
                        seed=cfg.seed, device=device, demos=demos)

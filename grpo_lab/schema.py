@@ -546,6 +546,10 @@ class InteractionConfig:
     # none (0, the default, adds nothing). The environment must say what it would answer
     # (its `demo_message`).
     warmup_revision_frac: float = 0.0
+    # Environments whose messages the demonstrations are written in, taken in turn; null = the run's own.
+    # Rows that compare environments (and a single-turn row, which has none) name one list, so that they
+    # all start from one warm-up checkpoint and their differences pair by seed.
+    warmup_demos_from: Optional[list[str]] = None
     # The critic LLM of interaction=critic (its model, warm-up, training and rhythm); unused otherwise.
     critic: CriticLLMConfig = field(default_factory=CriticLLMConfig)
 

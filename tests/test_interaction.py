@@ -438,6 +438,82 @@ def test_revision_demos_have_the_token_layout_of_a_second_turn():
     assert revision_demos(single, items, tok, seed=3) == []
 
 
+
+def test_demonstrations_named_by_warmup_demos_from_are_shared_by_rows_of_any_environment():
+    """interaction.warmup_demos_from writes the k-th demonstration in the words of the k-th named
+    environment (cycling); a single-turn row, a verifier row and a critic row naming the same list get the
+    same demonstrations and the same model alphabet, hence one warm-up checkpoint (its cache key)."""
+    from grpo_lab.interaction.critic import CriticEnvironment
+    from grpo_lab.interaction.demos import revision_demos
+
+    shared = ["verifier_feedback", "critic"]
+    rows = [{"environment": env, "warmup_revision_frac": 0.5, "warmup_demos_from": shared}
+            for env in (None, "verifier_feedback", "critic")]
+    alphabets = {message_alphabet(r) for r in rows}
+    assert len(alphabets) == 1
+    union = alphabets.pop()
+    assert set(message_alphabet({"environment": "verifier_feedback"})) | set(message_alphabet({"environment": "critic"})) == set(union)
+    tok = configure_tokenizer(build_char_tokenizer("0123456789-=" + union))
+    items = [item("-28"), item("-2", prompt="5-7="), item("7", prompt="9-2=")]
+    demos = [revision_demos(OmegaConf.create({"interaction": r}), items, tok, seed=5) for r in rows]
+    assert len(demos[0]) == 3 and demos[0] == demos[1] == demos[2]
+    critic_cfg = OmegaConf.create({"interaction": rows[2]})
+    for k, (prompt_ids, _) in enumerate(demos[0]):
+        text = tok.decode(prompt_ids)
+        question = next(it for it in items if text.startswith("<bos>" + it.prompt))
+        wrong = text[len("<bos>" + question.prompt):].split("<eos>")[0]
+        message = (verifier_message(wrong, question) if k % 2 == 0
+                   else CriticEnvironment.demo_message(critic_cfg, question, wrong))
+        assert text.endswith(tok.decode(environment_turn_ids(tok, message, answer_ids=[tok.eos_token_id]))), (k, text)
+    # Without the list, each row writes its own environment's words (and a single-turn row none).
+    own = [revision_demos(OmegaConf.create({"interaction": {**r, "warmup_demos_from": None}}), items, tok, seed=5)
+           for r in rows]
+    assert own[0] == [] and own[1] != own[2]
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["interaction.warmup_demos_from=[verifier_feedback]"], "interaction.warmup_revision_frac > 0"),
+    (["interaction.warmup_revision_frac=0.5", "interaction.warmup_demos_from=[nope]"], "interaction.warmup_demos_from"),
+    (["interaction.warmup_revision_frac=0.5", "interaction.warmup_demos_from=[interaction_plugins.Hint]"],
+     "no demo_message"),
+    (["interaction.warmup_revision_frac=0.5", "interaction.warmup_demos_from=[verifier_feedback]",
+      "warmup.max_steps=0"], "warmup.max_steps=0"),
+])
+def test_bad_warmup_demos_from_names_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(make(overrides), machine=False)
+
+
+def test_a_single_turn_row_with_demonstrations_validates_and_needs_references():
+    cfg = make(["interaction.warmup_revision_frac=0.5", "interaction.warmup_demos_from=[verifier_feedback,critic]"])
+    validate(cfg, machine=False)
+    task = Task("t", {"train": [item("-28"), item(" ")], "dev": [item("1")], "test": [item("2")]})
+    problem = reference_problem(cfg.interaction, task)
+    assert "interaction.warmup_demos_from names verifier_feedback" in problem
+
+
+
+def test_rows_naming_the_same_demonstrations_start_from_one_warm_up_checkpoint(tmp_path):
+    """A single-turn row, a verifier row and a critic row with one interaction.warmup_demos_from build one
+    warm-up (the second and third find the first's checkpoint); without the list each gets its own."""
+    from grpo_lab.run_setup import start_run
+
+    shared = ["interaction.warmup_revision_frac=0.5", "interaction.warmup_demos_from=[verifier_feedback,critic]"]
+    rows = [["interaction=none"], ["interaction=verifier_feedback"], ["interaction=critic"]]
+    # A short warm-up on few items: what is shared is the checkpoint's identity, not its quality.
+    base = [*TINY_RUN, "task.train_size=200", "warmup.max_steps=10", "warmup.eval_every=10", f"cache_dir={tmp_path}"]
+
+    def policy_dir(overrides):   # as a run starts: validated (which registers the critic), then built
+        cfg = make([*base, *overrides])
+        validate(cfg, machine=False)
+        return start_run(cfg).policy_dir
+
+    dirs = [policy_dir([*row, *shared]) for row in rows]
+    assert dirs[0] == dirs[1] == dirs[2] and (dirs[0] / "config.json").exists()
+    own = [policy_dir([*row, "interaction.warmup_revision_frac=0.5"]) for row in rows[1:]]
+    assert len({*own, dirs[0]}) == 3
+
+
 # ------------------------------------------------------------------ the critic LLM in the loop
 
 # A short critic warm-up and an update every step, so that two steps train the critic once or twice.

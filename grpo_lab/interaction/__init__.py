@@ -41,32 +41,52 @@ def build_environment(cfg: Any, *, tokenizer: Any, task: Any) -> Environment | N
 
 
 def reference_problem(interaction_cfg: Any, task: Any) -> str | None:
-    """What is wrong with `task` for the configured environment (None: nothing): an environment that
-    compares answers with references (`needs_reference`) cannot serve items without one."""
-    name = interaction_cfg.get("environment") if hasattr(interaction_cfg, "get") else None
-    if name is None or not ENVIRONMENTS.fact(name, "needs_reference"):
+    """What is wrong with `task` for the configured environment or the environments its warm-up
+    demonstrations are written in (None: nothing): an environment that compares answers with references
+    (`needs_reference`) cannot serve items without one."""
+    own = interaction_cfg.get("environment") if hasattr(interaction_cfg, "get") else None
+    named = [n for n in environments_named(interaction_cfg) if ENVIRONMENTS.fact(n, "needs_reference")]
+    if not named:
         return None
+    name = named[0]
     missing = sum(not str(it.answer).strip() for items in task.splits.values() for it in items)
     if not missing:
         return None
-    return (f"interaction.environment={name} compares every answer with the item's reference answer, but "
+    where = f"interaction.environment={name}" if name == own else f"interaction.warmup_demos_from names {name}, which"
+    return (f"{where} compares every answer with the item's reference answer, but "
             f"{missing} items of task {task.name!r} have none: point task.answer_field at the field holding the "
             "answers, or choose an environment that needs no reference (or interaction=none)")
 
 
+def demo_environments(interaction_cfg: Any) -> list[str]:
+    """Environments whose messages the warm-up's revision demonstrations are written in:
+    interaction.warmup_demos_from when set, else the run's own environment (none when single-turn)."""
+    get = interaction_cfg.get if hasattr(interaction_cfg, "get") else (lambda _key, default=None: default)
+    named = get("warmup_demos_from", None)
+    if named:
+        return [str(n) for n in named]
+    return [] if get("environment", None) is None else [str(get("environment"))]
+
+
+def environments_named(interaction_cfg: Any) -> list[str]:
+    """The run's environment (if any), then those its warm-up demonstrations are written in, each once."""
+    own = interaction_cfg.get("environment") if hasattr(interaction_cfg, "get") else None
+    return list(dict.fromkeys([*([str(own)] if own is not None else []), *demo_environments(interaction_cfg)]))
+
+
 def message_alphabet(interaction_cfg: Any) -> str:
-    """Characters a character-level tokenizer needs for the environment's messages and their raw format
-    (grpo_lab.prompts.RAW_MESSAGE_OPEN/CLOSE); "" without an environment, so a single-turn run's model
-    and warm-up caches are untouched."""
+    """Characters a character-level tokenizer needs for the environment's messages, those of the
+    environments its warm-up demonstrations are written in, and their raw format
+    (grpo_lab.prompts.RAW_MESSAGE_OPEN/CLOSE); "" when there are none, so a single-turn run's model and
+    warm-up caches are untouched."""
     from grpo_lab.prompts import RAW_MESSAGE_CLOSE, RAW_MESSAGE_OPEN
 
-    name = interaction_cfg.get("environment") if hasattr(interaction_cfg, "get") else None
-    if name is None:
+    names = environments_named(interaction_cfg)
+    if not names:
         return ""
-    cls = ENVIRONMENTS.get(name)
-    own = ENVIRONMENTS.fact(name, "alphabet") or getattr(cls, "alphabet", "")
-    return "".join(sorted(set(RAW_MESSAGE_OPEN + RAW_MESSAGE_CLOSE + own)))
+    chars = "".join(ENVIRONMENTS.fact(n, "alphabet") or getattr(ENVIRONMENTS.get(n), "alphabet", "") for n in names)
+    return "".join(sorted(set(RAW_MESSAGE_OPEN + RAW_MESSAGE_CLOSE + chars)))
 
 
 __all__ = ["ENVIRONMENTS", "EnvReply", "Environment", "StepRecord", "TURN_REWARDS", "build_environment",
-           "message_alphabet", "multi_turn_rollout", "reference_problem", "score_turns", "step_record", "turn_metrics"]
+           "demo_environments", "message_alphabet", "multi_turn_rollout", "reference_problem", "score_turns", "step_record", "turn_metrics"]

@@ -8,9 +8,11 @@ item's worked solution:
     prompt ids + wrong answer ids (+ <eos>) + environment_turn_ids(message)  ->  solution ids + <eos>
 
 so the model sees exactly the token layout of a multi-turn rollout's second turn and learns that a
-message after its answer asks for a new one. The tiny character model needs this (it never saw a second
-turn); warm-starting the revising turn with supervised demonstrations is also how SCoRe's baselines and
-Self-Correct start (Welleck et al. 2022, arXiv 2211.00053: a corrector trained on (wrong, better) pairs).
+message after its answer asks for a new one. The tiny character model needs this (it never saw a
+second turn); warm-starting the revising turn with supervised demonstrations is also how SCoRe's
+baselines and Self-Correct start (Welleck et al. 2022, arXiv 2211.00053: a corrector trained on (wrong,
+better) pairs). interaction.warmup_demos_from writes them in the words of several environments in turn:
+one warm-up for rows that run different environments, or none, so that their differences pair by seed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from grpo_lab.interaction import ENVIRONMENTS
+from grpo_lab.interaction import ENVIRONMENTS, demo_environments
 from grpo_lab.interaction.verifier import wrong_answer
 from grpo_lab.learner.batch import encode_prompt, encode_target
 from grpo_lab.prompts import environment_turn_ids
@@ -40,19 +42,23 @@ def has_demo_message(name: str | None) -> bool:
 
 def revision_demos(cfg: Any, items: list, tokenizer: Any, *, seed: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, target ids) of the run's revision demonstrations (module docstring): none when
-    interaction.warmup_revision_frac is 0 or the run is single-turn; otherwise demo_count(len(items), frac) of them, items drawn
-    with replacement from a generator seeded by `seed`."""
+    interaction.warmup_revision_frac is 0 or there is no environment to write them in; otherwise
+    demo_count(len(items), frac) of them, items drawn with replacement from a generator seeded by `seed`,
+    the k-th in the words of the k-th environment of `demo_environments` (cycling), so that rows naming the
+    same interaction.warmup_demos_from get the same demonstrations whatever environment they run."""
     interaction = cfg.get("interaction") or {}
     n = demo_count(len(items), float(interaction.get("warmup_revision_frac", 0.0) or 0.0))
-    if not n or interaction.get("environment") is None:   # single-turn: nothing to demonstrate
+    names = demo_environments(interaction)
+    if not n or not names:   # single-turn without named environments: nothing to demonstrate
         return []
-    message_of = ENVIRONMENTS.get(interaction.environment).demo_message
+    messages_of = [ENVIRONMENTS.get(name).demo_message for name in names]
     rng, eos = random.Random(seed), tokenizer.eos_token_id
     demos = []
-    for _ in range(n):
+    for k in range(n):
         item = rng.choice(items)
         wrong = wrong_answer(item, rng, max_offset=MAX_OFFSET, others=items)
         answer_ids = tokenizer.encode(wrong, add_special_tokens=False) + [eos]
-        turn = environment_turn_ids(tokenizer, message_of(cfg, item, wrong), answer_ids=answer_ids)
+        message = messages_of[k % len(messages_of)](cfg, item, wrong)
+        turn = environment_turn_ids(tokenizer, message, answer_ids=answer_ids)
         demos.append((encode_prompt(tokenizer, item.prompt) + answer_ids + turn, encode_target(tokenizer, item.solution)))
     return demos
