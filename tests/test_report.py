@@ -561,3 +561,19 @@ def test_display_path_names_runs_under_a_linked_outputs_dir_by_project_path(tmp_
     assert display_path(shared / "tables" / "t" / "0_a_s0") == "outputs/tables/t/0_a_s0"
     assert display_path(project / "outputs" / "tables") == "outputs/tables"
     assert display_path(tmp_path / "elsewhere") == str(tmp_path / "elsewhere")
+
+
+def test_a_table_record_names_runs_under_a_linked_outputs_dir_by_project_path(tmp_path):
+    """The launch command in <table>_meta.json, written from a worktree whose outputs/ links to another
+    checkout's, names outputs/..., not that checkout's absolute path."""
+    from grpo_lab.tables.record import _project_relative
+
+    shared = tmp_path / "main" / "outputs"
+    shared.mkdir(parents=True)
+    project = tmp_path / "worktree"
+    project.mkdir()
+    (project / "outputs").symlink_to(shared)
+    command = [f"hydra.searchpath=['file://{shared}/tables/t/.variants']", f"hydra.sweep.dir={shared}/tables/t",
+               f"cache_dir={project}/.cache"]
+    assert _project_relative({"launch_command": command}, project) == {"launch_command": [
+        "hydra.searchpath=['file://outputs/tables/t/.variants']", "hydra.sweep.dir=outputs/tables/t", "cache_dir=.cache"]}

@@ -59,15 +59,19 @@ def read_curves(path: Path) -> dict[str, list[dict]]:
     return out
 
 
-def _project_relative(value):
-    """`value` with this checkout's absolute path taken out of every string (lists and dicts walked), so a
-    committed record names project paths and matches a clone in another folder."""
+def _project_relative(value, root: Path = ROOT):
+    """`value` with the checkout `root`'s absolute path taken out of every string (lists and dicts walked),
+    so a committed record names project paths and matches a clone in another folder. A linked outputs/ (a
+    worktree sharing another checkout's runs) is named outputs/ too, as report.runs.display_path does."""
     if isinstance(value, str):
-        return value.replace(f"{ROOT}/", "").replace(str(ROOT), ".")
+        outputs = (root / "outputs").resolve()
+        if outputs != root / "outputs":
+            value = value.replace(f"{outputs}/", "outputs/").replace(str(outputs), "outputs")
+        return value.replace(f"{root}/", "").replace(str(root), ".")
     if isinstance(value, list):
-        return [_project_relative(v) for v in value]
+        return [_project_relative(v, root) for v in value]
     if isinstance(value, dict):
-        return {k: _project_relative(v) for k, v in value.items()}
+        return {k: _project_relative(v, root) for k, v in value.items()}
     return value
 
 
