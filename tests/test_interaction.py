@@ -492,7 +492,6 @@ def test_a_single_turn_row_with_demonstrations_validates_and_needs_references():
     assert "interaction.warmup_demos_from names verifier_feedback" in problem
 
 
-
 def test_rows_naming_the_same_demonstrations_start_from_one_warm_up_checkpoint(tmp_path):
     """A single-turn row, a verifier row and a critic row with one interaction.warmup_demos_from build one
     warm-up (the second and third find the first's checkpoint); without the list each gets its own."""
