@@ -62,7 +62,7 @@ bench-algorithms-smollm2: venv ## ppo (critic) vs grpo, rloo, gspo on the SmolLM
 # JOBS=2: parallel jobs. SCALE=full: the conf/experiment GPU recipe. ARGS: e.g. --report-only.
 # A table stopped mid-way (killed, machine off) continues when its command runs again: finished runs
 # are kept, interrupted ones resume from their newest checkpoint (the table's checkpoint_every).
-.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-noise table-noise-length table-critique table-status readme-tables
+.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-noise table-noise-length table-noise-remedy table-critique table-status readme-tables
 
 table-status: venv ## Each run of a table: done / running / interrupted / failed / to do, and the time left: make table-status NAME=dapo [SMOKE=1]
 	@test -n "$(NAME)" || { echo "usage: make table-status NAME=<table in conf/table> [SMOKE=1]"; exit 2; }
@@ -94,6 +94,9 @@ table-noise: venv ## Table: GRPO, PPO, RLOO, group DPO, DPO with 1/0 rewards fli
 
 table-noise-length: venv ## Table: completion length and accuracy of GRPO, Dr.GRPO, PPO, RLOO under a judge that rewards length
 	$(PY) scripts/make_table.py noise_length $(ARGS)
+
+table-noise-remedy: venv ## Table: DPO vs cDPO vs rDPO with preference labels swapped at p in {0,0.1,0.2,0.3}, drop vs clean DPO
+	$(PY) scripts/make_table.py noise_remedy $(ARGS)
 
 table-critique: venv ## Table: single-turn GRPO vs revising after the verifier's or a critic LLM's feedback (frozen, SFT, RL; critic every 1 or 4 steps)
 	$(PY) scripts/make_table.py critique $(ARGS)
