@@ -60,8 +60,10 @@ class ProgressLine:
 
     def update(self, m: dict, last_eval: dict, *, group_size: int) -> None:
         self.step += 1
+        # Preference objectives compute no entropy: leave it out rather than print a NaN that reads as a failure.
+        entropy = f"entropy {m['actor/entropy']:.3f} | " if "actor/entropy" in m else ""
         line = (f"reward {m['reward/mean']:.2f} | eval acc {last_eval['eval/accuracy']:.1%} | "
-                f"entropy {m.get('actor/entropy', float('nan')):.3f} | G {group_size} | {m['perf/step_time_s']:.2f}s/step")
+                f"{entropy}G {group_size} | {m['perf/step_time_s']:.2f}s/step")
         self.bar.update(1)
         self.bar.set_postfix_str(line, refresh=False)
         if not self.tty and (self.step % max(1, self.total // 20) == 0 or self.step == self.total):

@@ -53,3 +53,13 @@ def test_a_heartbeat_says_when_the_call_failed(capsys):
     with pytest.raises(RuntimeError), progress.heartbeat("model: building", every_s=10):
         raise RuntimeError("boom")
     assert "model: building: failed after" in capsys.readouterr().out
+
+
+def test_a_training_step_line_shows_entropy_only_when_the_objective_logs_it(capsys):
+    from grpo_lab.train import ProgressLine
+    step = {"reward/mean": 0.5, "perf/step_time_s": 0.2}
+    ProgressLine(total=1, desc="dpo").update(step, {"eval/accuracy": 0.6}, group_size=8)        # a preference step
+    ProgressLine(total=1, desc="grpo").update({**step, "actor/entropy": 0.4}, {"eval/accuracy": 0.6}, group_size=8)
+    preference, policy_gradient = capsys.readouterr().out.splitlines()
+    assert preference == "step 1/1 | reward 0.50 | eval acc 60.0% | G 8 | 0.20s/step"
+    assert policy_gradient == "step 1/1 | reward 0.50 | eval acc 60.0% | entropy 0.400 | G 8 | 0.20s/step"
