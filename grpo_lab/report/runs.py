@@ -113,12 +113,19 @@ class Run:
         return rec if isinstance(rec, dict) else None
 
 
+def project_roots(project: Path) -> tuple[tuple[Path, Path], ...]:
+    """(absolute prefix, the relative path it is shown as) for the places project paths live: the project
+    itself, and its outputs/ resolved, which lies elsewhere when outputs/ is a link (a second worktree
+    sharing the first one's runs)."""
+    return ((project.resolve(), Path()), ((project / "outputs").resolve(), Path("outputs")))
+
+
 def display_path(path: str | os.PathLike) -> str:
     """`path` relative to the working directory (the project, for make targets) when it lies inside it,
-    so committed tables name project paths, not one machine's absolute ones. A project whose outputs/ is a
-    link (a second worktree sharing the first one's runs) names them outputs/... too."""
-    p, cwd = Path(path).resolve(), Path.cwd()
-    for root, shown in ((cwd.resolve(), Path()), ((cwd / "outputs").resolve(), Path("outputs"))):
+    so committed tables name project paths, not one machine's absolute ones; runs under a linked outputs/
+    are named outputs/... too."""
+    p = Path(path).resolve()
+    for root, shown in project_roots(Path.cwd()):
         try:
             return str(shown / p.relative_to(root))
         except ValueError:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from grpo_lab.report.runs import display_path
+from grpo_lab.report.runs import display_path, project_roots
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import ROOT, VARIANT_GROUP, override_key, overrides_parser
 
@@ -60,14 +60,14 @@ def read_curves(path: Path) -> dict[str, list[dict]]:
 
 
 def _project_relative(value, root: Path = ROOT):
-    """`value` with the checkout `root`'s absolute path taken out of every string (lists and dicts walked),
-    so a committed record names project paths and matches a clone in another folder. A linked outputs/ (a
-    worktree sharing another checkout's runs) is named outputs/ too, as report.runs.display_path does."""
+    """`value` with the checkout `root`'s absolute paths (its own, and a linked outputs/'s) taken out of every
+    string (lists and dicts walked), so a committed record names project paths and matches a clone in
+    another folder."""
     if isinstance(value, str):
-        outputs = (root / "outputs").resolve()
-        if outputs != root / "outputs":
-            value = value.replace(f"{outputs}/", "outputs/").replace(str(outputs), "outputs")
-        return value.replace(f"{root}/", "").replace(str(root), ".")
+        # outputs/ first, so its runs read outputs/... even where the link points into the project itself.
+        for prefix, shown in reversed(project_roots(root)):
+            value = value.replace(f"{prefix}/", f"{shown}/" if shown.parts else "").replace(str(prefix), str(shown))
+        return value
     if isinstance(value, list):
         return [_project_relative(v, root) for v in value]
     if isinstance(value, dict):
