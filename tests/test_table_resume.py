@@ -274,3 +274,32 @@ def test_a_continued_launch_runs_only_what_did_not_finish(tmp_path, monkeypatch)
     assert ("1 finished runs kept, 1 resumed from their newest checkpoint, 1 started over (stopped before their "
             "first checkpoint; moved to _archive/five-partial-") in notes[0]
     assert "1 started; 1 failed runs kept" in notes[0]
+
+
+def test_a_continued_launchs_wall_time_leaves_out_the_wait_between_attempts(tmp_path, monkeypatch):
+    """The stopped attempt counts until its last output to the log, not until the re-run began: a table
+    killed at night and continued in the morning does not report the night as its wall time."""
+    from grpo_lab.tables import launch
+
+    plan = make_plan(load_spec(tiny_spec(tmp_path)), runs_root=tmp_path / "runs", launcher="joblib", jobs=2)
+    preflight(plan)
+    record = new_launch(plan, "python scripts/make_table.py tiny")
+    started = time.time() - 3600                      # the first attempt began an hour ago ...
+    record["attempts"].append({**state.process_identity(), "invocation": "first", "started_ts": started,
+                               "started": "then"})
+    log = plan.runs_dir / "make_table.log"
+    log.write_text("output of the first attempt\n")
+    os.utime(log, (started + 60, started + 60))       # ... and wrote its last line a minute later
+    for d in plan.run_dirs:
+        write_run(d, status="completed", steps=5)
+    monkeypatch.setattr(launch, "run_logged", lambda cmd, log, env: 0)
+    monkeypatch.setattr(launch, "sft_controls", lambda *a, **k: None)
+    header: dict = {}
+    rc, wall_s = launch.run_table(plan, 2, header, [], record, "python scripts/make_table.py tiny")
+    assert rc == 0
+    first, again = record["attempts"]
+    assert first["ended_ts"] == pytest.approx(started + 60)
+    assert 60 <= wall_s < 60 + 30                     # the minute it ran and this attempt's few seconds
+    assert "wall time 1.0 min for 2 jobs over 2 attempts" in header["date"]
+    meta = json.loads((plan.runs_dir / "table_meta.json").read_text())
+    assert meta["wall_time_s"] == pytest.approx(wall_s) and meta["attempts"][1]["ended_ts"] >= again["started_ts"]

@@ -425,17 +425,14 @@ def continue_jobs(plan: Plan, record: dict, log: Path, launch_notes: list[str]) 
     return max(codes, default=0)
 
 
-def attempts_wall_s(record: dict, log: Path, now: float) -> float:
-    """The launch's wall time over its attempts: each stopped attempt until its last output to the log
-    (the time the machine was off or the table waited for its re-run does not count), the last until now."""
-    total = 0.0
-    for i, attempt in enumerate(record["attempts"]):
-        end = attempt.get("ended_ts")
-        if end is None:
-            end = now if i == len(record["attempts"]) - 1 else max(attempt["started_ts"], _mtime(log))
-            attempt["ended_ts"] = end
-        total += end - attempt["started_ts"]
-    return total
+def attempts_wall_s(record: dict, log: Path) -> float:
+    """The launch's wall time over its attempts. An attempt that finished has its end; one that was
+    stopped (killed, machine off) ends with its last output to the log, fixed here the first time it is
+    read, before the next attempt writes to the log: the time the table waited for its re-run does not
+    count."""
+    for attempt in record["attempts"]:
+        attempt.setdefault("ended_ts", max(attempt["started_ts"], _mtime(log)))
+    return sum(a["ended_ts"] - a["started_ts"] for a in record["attempts"])
 
 
 def _mtime(path: Path) -> float:
@@ -457,7 +454,7 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str], re
     log = plan.runs_dir / "make_table.log"
     fresh = not record["attempts"]
     if not fresh:   # the stopped attempt ended with its last output
-        attempts_wall_s(record, log, time.time())
+        attempts_wall_s(record, log)
     record["attempts"].append({**state.process_identity(), "invocation": invocation, "started_ts": time.time()})
     state.write_launch(plan.runs_dir, record)
     if not fresh:
@@ -477,7 +474,8 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str], re
     for job in unrecorded_jobs(plan.runs_dir):
         launch_notes.append(f"job `{job.relative_to(plan.runs_dir)}` failed before the trainer wrote "
                             f"metrics.jsonl/summary.json (see {log.name} and the job's .hydra/ and *.log).")
-    wall_s = attempts_wall_s(record, log, time.time())
+    record["attempts"][-1]["ended_ts"] = time.time()
+    wall_s = attempts_wall_s(record, log)
     tries = len(record["attempts"])
     header["date"] = f"{record['date']}; wall time {wall_s / 60:.1f} min for {n_jobs} jobs" + (
         f" + {len(plan.seeds) * len(plan.blocks())} SFT controls" if spec.sft_control else "") + (
