@@ -13,6 +13,7 @@ shared with the matched-compute SFT control) and no I/O format (grpo_lab/logging
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -291,7 +292,10 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
 
             release_freed_host_memory()
             metrics.update(rollout_metrics(scored))
-            metrics.update({"perf/host_rss_gib": host_tree_rss_gib(), "perf/learn_s": t_learn, "perf/sync_s": t_sync,
+            # The machine's 1-minute load average: how many processes wanted its cores during the step,
+            # this run's included, so step times of runs made alone and beside other jobs can be told apart.
+            metrics.update({"perf/host_rss_gib": host_tree_rss_gib(), "perf/host_load_1m": os.getloadavg()[0],
+                            "perf/learn_s": t_learn, "perf/sync_s": t_sync,
                             "perf/wait_rollout_s": t_wait,
                             "perf/step_time_s": time.time() - t_step,
                             "perf/cpu_time_s": time.process_time() - cpu_step,

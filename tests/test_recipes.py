@@ -133,7 +133,7 @@ def test_recipe_two_steps_end_to_end(name, tmp_path, shared_cache, monkeypatch, 
         assert not bad, f"step {m['step']}: non-finite metrics {bad}"
 
     # Each configured component left its trace in the metrics (so it ran, not just composed).
-    expected = {"actor/grad_norm", "reward/mean"}
+    expected = {"actor/grad_norm", "reward/mean", "perf/host_load_1m"}
     if a.objective == "preference":
         loss = a.preference.loss
         expected |= {"rollout/preference_pairs", f"actor/{loss}_reward_margin", f"actor/{loss}_reward_accuracy"}

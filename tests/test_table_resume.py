@@ -123,6 +123,12 @@ def test_time_left_from_finished_runs_and_step_times(tmp_path):
     assert left[todo] == 40.0 and left[done[0]] == 0.0
 
 
+def test_a_runs_conditions_are_the_mean_host_load_over_its_steps():
+    steps = [{"step": 1, "perf/host_load_1m": 2.0}, {"step": 2, "perf/host_load_1m": 3.5}, {"step": 2, "eval/acc": 0.5}]
+    assert state.mean_host_load(steps) == 2.75
+    assert state.mean_host_load([{"step": 1, "perf/step_time_s": 1.0}]) is None   # a run from before it was logged
+
+
 def tiny_spec(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(TINY_TABLE))
@@ -235,6 +241,7 @@ def test_a_killed_table_continues_to_the_same_table(warm_cache, tmp_path):
     meta = json.loads((runs / "table_meta.json").read_text())
     assert len(meta["attempts"]) == 2 and "over 2 attempts (stopped and continued)" in meta["date"]
     assert meta["run_times"]["1_b_s0"]["resumed"] and meta["run_times"]["1_b_s0"]["compute_time_s"] > 0
+    assert meta["run_times"]["1_b_s0"]["mean_host_load_1m"] > 0
     assert not (runs / state.LAUNCH_FILE).exists()
 
 

@@ -14,7 +14,7 @@ from grpo_lab.report.table import ACC, SAMPLED_ACC, final_value
 from grpo_lab.tables.record import write_meta
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import VARIANT_GROUP, Contrast, TableSpec, override_key, parse_expect, selector_terms
-from grpo_lab.tables.state import compute_time_s
+from grpo_lab.tables.state import compute_time_s, mean_host_load
 
 
 # The resolution a lab table aims for: a paired Δ known to ±2.5 points (95 %), so that a 5-point effect shows.
@@ -379,9 +379,10 @@ def legend(plan: Plan) -> str:
 
 
 def record_run_times(plan: Plan, runs: list) -> None:
-    """Each run's wall time and its own compute (the sum of its step times) into table_meta.json's
-    `run_times`, keyed by the run's path under the runs directory, so that runs made at different
-    times (before and after a stop) compare by what they computed. A resumed run's wall time counts
+    """Each run's wall time, its own compute (the sum of its step times) and the machine's mean load over
+    its steps into table_meta.json's `run_times`, keyed by the run's path under the runs directory, so
+    that runs made at different times (before and after a stop, alone or beside other jobs) compare by
+    what they computed and say in which conditions. A resumed run's wall time counts
     the time it ran (train.py carries it over in the checkpoint), not the time it was stopped. A run
     restored from the table's record has no metrics: its entry stays as recorded."""
     meta_path = plan.runs_dir / "table_meta.json"
@@ -395,7 +396,7 @@ def record_run_times(plan: Plan, runs: list) -> None:
         summary = r.summary or {}
         times[r.path.relative_to(plan.runs_dir).as_posix()] = {
             "status": r.status, "wall_time_s": summary.get("wall_time_s"), "compute_time_s": compute_time_s(r.metrics),
-            "resumed": bool(summary.get("resumed_from"))}
+            "mean_host_load_1m": mean_host_load(r.metrics), "resumed": bool(summary.get("resumed_from"))}
     meta_path.write_text(json.dumps({**meta, "run_times": times}, indent=2))
 
 

@@ -143,6 +143,13 @@ def compute_time_s(metrics: list[dict]) -> float:
     return math.fsum(m["perf/step_time_s"] for m in metrics if isinstance(m.get("perf/step_time_s"), (int, float)))
 
 
+def mean_host_load(metrics: list[dict]) -> float | None:
+    """The machine's mean 1-minute load average over a run's steps (None: not logged): near the number
+    of cores the run keeps busy when it ran alone, higher when other jobs shared the machine."""
+    loads = [m["perf/host_load_1m"] for m in metrics if isinstance(m.get("perf/host_load_1m"), (int, float))]
+    return statistics.fmean(loads) if loads else None
+
+
 def planned_steps(run_dir: Path) -> int | None:
     """Steps the run's config asks for: trainer.total_steps, or fewer when trainer.total_samples binds
     first at prompts_per_step x group_size samples a step."""
