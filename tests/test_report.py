@@ -577,3 +577,19 @@ def test_a_table_record_names_runs_under_a_linked_outputs_dir_by_project_path(tm
                f"cache_dir={project}/.cache"]
     assert _project_relative({"launch_command": command}, project) == {"launch_command": [
         "hydra.searchpath=['file://outputs/tables/t/.variants']", "hydra.sweep.dir=outputs/tables/t", "cache_dir=.cache"]}
+
+
+def test_a_table_record_made_in_one_checkout_from_a_launch_in_another_names_project_paths(tmp_path):
+    """A worktree ran the table (and an added launch) while the report is made in the main checkout:
+    neither checkout's absolute path reaches the committed record."""
+    from grpo_lab.tables.record import launch_record_relative
+
+    main, worktree = tmp_path / "main", tmp_path / "wt"
+    (main / "outputs").mkdir(parents=True)
+    worktree.mkdir()
+    (worktree / "outputs").symlink_to(main / "outputs")
+    meta = {"checkout": str(worktree), "launch_command": [f"{worktree}/.venv/bin/python", f"hydra.sweep.dir={main}/outputs/tables/t"],
+            "added_launches": [{"checkout": str(main), "launch_command": [f"{main}/.venv/bin/python"]}]}
+    assert launch_record_relative(meta, main) == {
+        "launch_command": [".venv/bin/python", "hydra.sweep.dir=outputs/tables/t"],
+        "added_launches": [{"launch_command": [".venv/bin/python"]}]}

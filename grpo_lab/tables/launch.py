@@ -482,7 +482,7 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str], re
         f" over {tries} attempts (stopped and continued)" if tries > 1 else "")
     (plan.runs_dir / "table_meta.json").write_text(json.dumps(
         {**header, "launch_notes": launch_notes, "wall_time_s": wall_s, "jobs": n_jobs, "exit_code": rc,
-         "launch_command": plan.command, "seeds": plan.seeds,
+         "launch_command": plan.command, "seeds": plan.seeds, "checkout": str(ROOT),
          "attempts": [{k: a[k] for k in ("invocation", "started", "started_ts", "ended_ts")}
                       for a in record["attempts"]]},
         indent=2))

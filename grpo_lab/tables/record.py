@@ -75,6 +75,20 @@ def _project_relative(value, root: Path = ROOT):
     return value
 
 
+def launch_record_relative(meta: dict, root: Path = ROOT) -> dict:
+    """table_meta.json as committed: the absolute paths of every checkout that launched part of it (a
+    worktree running the table while the report is made in another) and of `root` taken out, and the
+    checkouts' own paths dropped."""
+    launches = [meta, *meta.get("added_launches", [])]
+    checkouts = {Path(c) for launch in launches if (c := launch.get("checkout"))} - {root}
+    meta = {k: v for k, v in meta.items() if k != "checkout"}
+    if "added_launches" in meta:
+        meta["added_launches"] = [{k: v for k, v in a.items() if k != "checkout"} for a in meta["added_launches"]]
+    for checkout in sorted(checkouts):
+        meta = _project_relative(meta, checkout)
+    return _project_relative(meta, root)
+
+
 def write_meta(plan: Plan) -> Path | None:
     """Copy <runs dir>/table_meta.json next to the table (tables/<name>_meta.json), project-relative."""
     src = plan.runs_dir / "table_meta.json"
@@ -82,7 +96,7 @@ def write_meta(plan: Plan) -> Path | None:
         return None
     dest = record_paths(plan)[1]
     # runs_dir: where the runs CSV's paths point (the same display_path the CSV was written with).
-    meta = {**_project_relative(json.loads(src.read_text())), "runs_dir": display_path(plan.runs_dir)}
+    meta = {**launch_record_relative(json.loads(src.read_text())), "runs_dir": display_path(plan.runs_dir)}
     dest.write_text(json.dumps(meta, indent=2) + "\n")
     return dest
 
