@@ -425,14 +425,12 @@ def continue_jobs(plan: Plan, record: dict, log: Path, launch_notes: list[str]) 
     return max(codes, default=0)
 
 
-def attempts_wall_s(record: dict, log: Path) -> float:
-    """The launch's wall time over its attempts. An attempt that finished has its end; one that was
-    stopped (killed, machine off) ends with its last output to the log, fixed here the first time it is
-    read, before the next attempt writes to the log: the time the table waited for its re-run does not
-    count."""
+def end_stopped_attempts(record: dict, log: Path) -> None:
+    """Give each attempt that was stopped (killed, machine off) its end: its last output to the log. Called
+    as a stopped launch continues, before the new attempt writes to the log, so the time the table waited
+    for its re-run does not count as its wall time."""
     for attempt in record["attempts"]:
         attempt.setdefault("ended_ts", max(attempt["started_ts"], _mtime(log)))
-    return sum(a["ended_ts"] - a["started_ts"] for a in record["attempts"])
 
 
 def _mtime(path: Path) -> float:
@@ -453,8 +451,8 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str], re
     spec = plan.spec
     log = plan.runs_dir / "make_table.log"
     fresh = not record["attempts"]
-    if not fresh:   # the stopped attempt ended with its last output
-        attempts_wall_s(record, log)
+    if not fresh:
+        end_stopped_attempts(record, log)
     record["attempts"].append({**state.process_identity(), "invocation": invocation, "started_ts": time.time()})
     state.write_launch(plan.runs_dir, record)
     if not fresh:
@@ -475,7 +473,7 @@ def run_table(plan: Plan, n_jobs: int, header: dict, launch_notes: list[str], re
         launch_notes.append(f"job `{job.relative_to(plan.runs_dir)}` failed before the trainer wrote "
                             f"metrics.jsonl/summary.json (see {log.name} and the job's .hydra/ and *.log).")
     record["attempts"][-1]["ended_ts"] = time.time()
-    wall_s = attempts_wall_s(record, log)
+    wall_s = sum(a["ended_ts"] - a["started_ts"] for a in record["attempts"])
     tries = len(record["attempts"])
     header["date"] = f"{record['date']}; wall time {wall_s / 60:.1f} min for {n_jobs} jobs" + (
         f" + {len(plan.seeds) * len(plan.blocks())} SFT controls" if spec.sft_control else "") + (
