@@ -123,12 +123,13 @@ class RunParts:
 
 @dataclass
 class LoopState:
-    """The counters a checkpoint carries: steps and samples done, steps skipped as non-finite, and the
-    evaluation before training."""
+    """The counters a checkpoint carries: steps and samples done, steps skipped as non-finite, the
+    evaluation before training and the newest one (the progress line's "eval acc", also after a resume)."""
     step: int = 0
     samples: int = 0
     bad_steps: int = 0
     before: dict = field(default_factory=dict)
+    latest_eval: dict = field(default_factory=dict)
 
 
 def start_learner(cfg: DictConfig, start: Any, resume_from: Path | None) -> tuple[Any, Any, dict | None]:
@@ -172,11 +173,13 @@ def begin(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, sta
         checkpoint.set_rng_state(state["rng"])
         if run.environment is not None:
             run.environment.load_state_dict(state.get("environment") or {})
-        return LoopState(state["step"], state["samples"], state["bad_steps"], state["before"])
+        # Checkpoints written before the newest evaluation was kept carry only the one before training.
+        return LoopState(state["step"], state["samples"], state["bad_steps"], state["before"],
+                         state.get("latest_eval", state["before"]))
     before = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=0,
                                       environment=run.environment)
     log_initial_eval(recorder, start, before)
-    return LoopState(before=before)
+    return LoopState(before=before, latest_eval=before)
 
 
 def learn(cfg: DictConfig, run: RunParts, tokenizer, scored, metrics: dict, step: int) -> bool:
@@ -225,26 +228,25 @@ def push_weights(run: RunParts) -> tuple[float, float]:
 
 
 def record_step(cfg: DictConfig, recorder: RunRecorder, tokenizer, run: RunParts, loop: LoopState, scored,
-                metrics: dict, progress: ProgressLine, last_eval: dict) -> dict:
-    """A step's periodic evaluation, samples, metrics line, progress and checkpoint; the latest
-    evaluation's metrics."""
+                metrics: dict, progress: ProgressLine) -> None:
+    """A step's periodic evaluation (kept as loop.latest_eval), samples, metrics line, progress and checkpoint."""
     t, step = cfg.trainer, loop.step
     if t.eval_every and step % t.eval_every == 0 and not schedule_done(cfg, step, loop.samples):
-        last_eval = evaluate_and_log_samples(run.engine, tokenizer, run.eval_items, cfg, recorder, step=step,
-                                             environment=run.environment)
-        metrics.update(last_eval)
+        loop.latest_eval = evaluate_and_log_samples(run.engine, tokenizer, run.eval_items, cfg, recorder, step=step,
+                                                    environment=run.environment)
+        metrics.update(loop.latest_eval)
     if t.log_samples_every and step % t.log_samples_every == 0:
         recorder.log_samples(scored.sample_rows(t.samples_per_log), step=step, kind="train")
     recorder.log(metrics, step=step, samples=loop.samples)
-    progress.update(metrics, last_eval, group_size=int(metrics["rollout/group_size"]))
+    progress.update(metrics, loop.latest_eval, group_size=int(metrics["rollout/group_size"]))
     if t.checkpoint_every and step % t.checkpoint_every == 0:
         checkpoint.save(recorder.run_dir, step, learner=run.learner, tokenizer=tokenizer, keep=t.keep_checkpoints,
                         state={"samples": loop.samples, "bad_steps": loop.bad_steps, "before": loop.before,
+                               "latest_eval": loop.latest_eval,
                                "pipeline": run.pipeline.state_dict(), "normalizer": run.normalizer.state_dict(),
                                "recorder": recorder.state_dict(),
                                **({"environment": run.environment.state_dict()} if run.environment is not None
                                   else {})})
-    return last_eval
 
 
 def finish(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, loop: LoopState) -> dict:
@@ -273,7 +275,6 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
     try:
         loop = begin(cfg, recorder, start, run, state)
         progress = ProgressLine(total=t.total_steps, desc=cfg.run_name, start=loop.step)
-        last_eval = loop.before
         while not schedule_done(cfg, loop.step, loop.samples):
             loop.step += 1
             t_step, cpu_step = time.time(), time.process_time()
@@ -300,7 +301,7 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
                             "perf/step_time_s": time.time() - t_step,
                             "perf/cpu_time_s": time.process_time() - cpu_step,
                             "actor/skipped_steps": float(loop.bad_steps)})
-            last_eval = record_step(cfg, recorder, tokenizer, run, loop, scored, metrics, progress, last_eval)
+            record_step(cfg, recorder, tokenizer, run, loop, scored, metrics, progress)
         progress.close()
         return finish(cfg, recorder, start, run, loop)
     finally:

@@ -26,6 +26,12 @@ def comparable(lines: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in lines]
 
 
+def progress_lines(stdout: str, after: int) -> list[str]:
+    """The plain progress lines (no TTY) of the steps after `after`, less their step time."""
+    return [line.rsplit(" | ", 1)[0] for line in stdout.splitlines()
+            if line.startswith("step ") and int(line.split()[1].split("/")[0]) > after]
+
+
 def train_cmd(overrides: list[str], run_dir: Path, cache: Path) -> list[str]:
     return [sys.executable, "-m", "grpo_lab.train", *overrides, f"hydra.run.dir={run_dir}", f"cache_dir={cache}"]
 
@@ -52,6 +58,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, warm_cache):
     ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
     proc = run_train(RUN, ref_dir, warm_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    ref_stdout = proc.stdout
 
     kill_after_step(RUN, run_dir, warm_cache, step=5)       # checkpoints at 2 and 4; step 5 is lost
     assert not (run_dir / "summary.json").exists()           # SIGKILL: nothing was recorded at exit
@@ -69,6 +76,10 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, warm_cache):
     resumed, reference = read_metrics(run_dir), read_metrics(ref_dir)
     assert [m["step"] for m in resumed] == [m["step"] for m in reference] == [0, 1, 2, 3, 4, 5, 6, 6]
     assert comparable(resumed) == comparable(reference)
+    # The progress lines after the resume show the newest evaluation (step 3's, kept in the step-4
+    # checkpoint), as the uninterrupted run's do, not the one before training.
+    assert reference[3]["eval/accuracy"] != reference[0]["eval/accuracy"]
+    assert progress_lines(proc.stdout, after=4) == progress_lines(ref_stdout, after=4) != []
     # keep_checkpoints=2: the oldest was deleted as step 6's was written
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_4", "step_6"]
 
