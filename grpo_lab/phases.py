@@ -211,7 +211,11 @@ class GroupSampler:
 def collect_phase(sample, prompts_per_step: int, *, dynamic: bool, max_rounds: int) -> tuple[ScoredRollout, dict]:
     """One step's batch. With DAPO dynamic sampling (arXiv 2503.14476 §3.2), groups whose rewards all
     agree (zero advantage, zero gradient) are dropped and new prompts sampled until
-    `prompts_per_step` informative groups are collected; more than `max_rounds` rounds is an error.
+    `prompts_per_step` informative groups are collected. The paper samples until the batch is full; here
+    sampling stops after `max_rounds` rounds and the step trains on the informative groups found
+    (`rollout/informative_groups` says how many), since a policy that has learned most prompts finds
+    them slowly and a long run should not die over one short batch. No informative group at all is an
+    error: the policy solves every prompt or none, and no step can learn.
 
     `sample(k)` -> ScoredRollout for k fresh prompts.
     """
@@ -232,21 +236,21 @@ def collect_phase(sample, prompts_per_step: int, *, dynamic: bool, max_rounds: i
             part = batch.select(idx)
             kept.append(part)
             groups += len(set(part.rollout.group_ids))
-        if groups >= prompts_per_step:
+        if groups >= prompts_per_step or (rounds >= max_rounds and groups > 0):
             break
         if rounds >= max_rounds:
             raise RuntimeError(
-                f"dynamic sampling found {groups} of {prompts_per_step} informative groups in {rounds} rounds "
-                f"(algorithm.dynamic_sampling.max_rounds): nearly every group's rewards agree, so the task is too "
+                f"dynamic sampling found 0 of {prompts_per_step} informative groups in {rounds} rounds "
+                f"(algorithm.dynamic_sampling.max_rounds): every group's rewards agree, so the task is too "
                 f"easy or too hard for this policy. Raise algorithm.dynamic_sampling.max_rounds or "
                 f"rollout.group_size, or turn it off with algorithm.dynamic_sampling.enabled=false")
         batch = sample(prompts_per_step)
     merged = ScoredRollout.concat(kept)
-    # Trim to exactly prompts_per_step groups (DAPO keeps the batch size fixed).
-    first_groups = sorted(set(merged.rollout.group_ids))[:prompts_per_step]
-    wanted = set(first_groups)
+    # Trim to at most prompts_per_step groups (DAPO keeps the batch size fixed).
+    wanted = set(sorted(set(merged.rollout.group_ids))[:prompts_per_step])
     merged = merged.select([i for i, g in enumerate(merged.rollout.group_ids) if g in wanted])
-    metrics.update({"rollout/sampling_rounds": float(rounds), "rollout/generated_samples": float(generated)})
+    metrics.update({"rollout/sampling_rounds": float(rounds), "rollout/generated_samples": float(generated),
+                    "rollout/informative_groups": float(len(wanted))})
     return merged, metrics
 
 

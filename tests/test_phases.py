@@ -47,11 +47,22 @@ def test_dynamic_sampling_keeps_informative_groups_until_full():
     assert batch.rewards.tolist() == [0, 1, 1, 0]
     assert len(set(batch.rollout.group_ids)) == 2                      # ids stay distinct across rounds
     assert metrics["rollout/sampling_rounds"] == 2 and metrics["rollout/generated_samples"] == 8
+    assert metrics["rollout/informative_groups"] == 2
     assert metrics["rollout/zero_adv_group_frac"] == 0.5               # of the first round, as logged
 
 
-def test_dynamic_sampling_gives_up_with_a_clear_error():
-    with pytest.raises(RuntimeError, match="dynamic_sampling.max_rounds"):
+def test_dynamic_sampling_trains_on_the_groups_found_when_its_rounds_run_out():
+    # Needs 3 informative groups; 2 rounds find [1,0] and [0,1] among groups that agree: the step trains on
+    # those 2 groups (4 samples) instead of failing the run.
+    rounds = iter([scored([[1, 1], [1, 0], [1, 1]]), scored([[0, 0], [0, 1], [0, 0]])])
+    batch, metrics = collect_phase(lambda k: next(rounds), 3, dynamic=True, max_rounds=2)
+    assert batch.rewards.tolist() == [1, 0, 0, 1]
+    assert metrics["rollout/informative_groups"] == 2 and metrics["rollout/sampling_rounds"] == 2
+    assert metrics["rollout/generated_samples"] == 12
+
+
+def test_dynamic_sampling_without_any_informative_group_gives_up_with_a_clear_error():
+    with pytest.raises(RuntimeError, match="found 0 of 2 informative groups in 3 rounds.*dynamic_sampling.max_rounds"):
         collect_phase(lambda k: scored([[1, 1], [0, 0]]), 2, dynamic=True, max_rounds=3)
 
 
