@@ -165,10 +165,12 @@ def log_initial_eval(recorder: RunRecorder, start: RunStart, before: dict) -> No
 
 
 def open_recorder(run_dir: Path, cfg: DictConfig, overrides: list[str], *, sweep: str | None = None,
-                  resume: dict | None = None) -> RunRecorder:
-    """The run's recorder; every `key=value` override counts as a swept key (the report's columns)."""
+                  resume: dict | None = None, searchpath: list[str] = ()) -> RunRecorder:
+    """The run's recorder; every `key=value` override counts as a swept key (the report's columns).
+    `searchpath`: the launch's `hydra.searchpath=` override, if any, kept for `grpo_lab.resume`."""
     return RunRecorder(run_dir, cfg, overrides=overrides, sweep=sweep,
-                       swept_keys=[o.split("=", 1)[0] for o in overrides if "=" in o], resume=resume)
+                       swept_keys=[o.split("=", 1)[0] for o in overrides if "=" in o], resume=resume,
+                       searchpath=searchpath)
 
 
 def record_outcome(recorder: RunRecorder, run: Callable[[], dict], summary: Callable[[dict], dict]) -> dict:

@@ -391,7 +391,8 @@ def run(cfg: DictConfig) -> float:
         lock.mark_owner()
         checkpoint.remove_partial(run_dir)
         recorder = open_recorder(run_dir, cfg, overrides, sweep=Path(hc.sweep.dir).name if multirun else None,
-                                 resume=state)
+                                 resume=state,
+                                 searchpath=[o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")])
         recorder.record_resume_changes(changes, new=new_changes)
         run_guard.on_stuck_sigterm(lambda: recorder.record_stuck(SystemExit(
             f"SIGTERM: the main thread did not unwind within {run_guard.SIGTERM_GRACE_S:g} s (stuck in a C "

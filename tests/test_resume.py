@@ -126,6 +126,26 @@ def test_resume_continues_the_same_wandb_run(tmp_path, warm_cache):
     assert [m["step"] for m in read_metrics(run_dir)] == [0, 1, 2, 2]                # cut back, not appended
 
 
+def test_resume_finds_a_config_group_the_launch_found_through_its_searchpath(tmp_path, warm_cache):
+    """A table's rows are `+variant=<name>` groups in a directory of their own, found through
+    `hydra.searchpath`: `grpo_lab.resume` replays the searchpath with the run's overrides."""
+    (tmp_path / "confs" / "variant").mkdir(parents=True)
+    (tmp_path / "confs" / "variant" / "shorter_answers.yaml").write_text(
+        "# @package _global_\nrollout:\n  max_new_tokens: 6\n")
+    run_dir = tmp_path / "run"
+    overrides = [*TINY_RUN, "rollout=hf", "trainer.checkpoint_every=1", f"hydra.searchpath=[file://{tmp_path / 'confs'}]",
+                 "+variant=shorter_answers"]
+    assert run_train(overrides, run_dir, warm_cache).returncode == 0
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(run_dir),
+                           f"trainer.resume={run_dir / 'checkpoints' / 'step_1'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["resumed_from"].endswith("step_1")
+    assert [m["step"] for m in read_metrics(run_dir)] == [0, 1, 2, 2]
+    assert "max_new_tokens: 6" in (run_dir / "config.yaml").read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_resume_with_vllm_matches_within_seeded_sampling_tolerance(tmp_path, warm_cache):

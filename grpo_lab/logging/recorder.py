@@ -67,13 +67,15 @@ class RunRecorder:
     continues the same run id."""
 
     def __init__(self, run_dir: Path, cfg: DictConfig, *, overrides: list[str], sweep: str | None,
-                 swept_keys: list[str], resume: dict | None = None):
+                 swept_keys: list[str], resume: dict | None = None, searchpath: list[str] = ()):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cfg, self.overrides = cfg, overrides
         self.start = time.time() - (resume["elapsed"] if resume else 0.0)
         (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        (self.run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump(list(overrides), default_flow_style=False))
+        # The searchpath goes with them: a config group from another directory (a table's `+variant=`)
+        # composes only where Hydra is told to look for it.
+        (self.run_dir / OVERRIDES_FILE).write_text(yaml.safe_dump([*overrides, *searchpath], default_flow_style=False))
         self._finishing, self.summary = threading.Lock(), None
         metrics_path = self.run_dir / "metrics.jsonl"
         self.lines = 0
