@@ -283,6 +283,30 @@ def test_a_continued_launch_runs_only_what_did_not_finish(tmp_path, monkeypatch)
     assert "1 started; 1 failed runs kept" in notes[0]
 
 
+def test_a_launchs_log_holds_each_line_as_the_job_writes_it(tmp_path):
+    """Not when a buffer fills: a killed launch's log must end where its jobs stopped, since that is where
+    the stopped attempt's wall time ends (and what `tail -f` on the log shows)."""
+    import threading
+
+    from grpo_lab.tables import launch
+
+    log, go_on = tmp_path / "make_table.log", tmp_path / "go_on"
+    # The line is made when the job runs: the command, which the log starts with, does not hold it.
+    job = [sys.executable, "-c", "import os, time; print('step %d/32' % 1, flush=True)\n"
+           f"while not os.path.exists({str(go_on)!r}): time.sleep(0.05)"]
+    written = lambda: log.read_text() if log.exists() else ""   # noqa: E731
+    run = threading.Thread(target=launch.run_logged, args=(job, log, {}))
+    run.start()
+    try:
+        deadline = time.time() + 30
+        while "step 1/32" not in written() and time.time() < deadline:
+            time.sleep(0.05)
+        assert "step 1/32" in written()                 # while the job still runs
+    finally:
+        go_on.touch()
+        run.join(timeout=30)
+
+
 def test_a_continued_launchs_wall_time_leaves_out_the_wait_between_attempts(tmp_path, monkeypatch):
     """The stopped attempt counts until its last output to the log, not until the re-run began: a table
     killed at night and continued in the morning does not report the night as its wall time."""

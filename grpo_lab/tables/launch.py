@@ -169,7 +169,10 @@ def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
         for chunk in iter(lambda: proc.stdout.read1(65536), b""):
+            # Flushed as it comes: the log is what `tail -f` shows and, when the launch is killed, the
+            # time of its last write is where the stopped attempt ended (end_stopped_attempts).
             f.write(chunk)
+            f.flush()
             sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
         return proc.wait()
