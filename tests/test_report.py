@@ -478,6 +478,11 @@ def test_columns_configurable_and_checked(sweep, tmp_path):
     # generic float formatting: max accuracy 0.55, 0.6, 0.7 -> 0.617 ± 0.190
     assert md_row(res["markdown"], "grpo")[3] == "0.617 ± 0.190"
     assert md_row(res["markdown"], "grpo")[4] == "2 ± 0"  # summary "steps"
+    # compute = the sum of a run's step times: seed k logs 1+k and 3+k s -> 4, 6, 8 s = 0.0667, 0.1, 0.1333 min;
+    # mean 0.1, s = 0.0333, half = 4.302653 · 0.0333/√3 = 0.0828; a run without step times has none
+    res = build_report(sweep, tmp_path / "t", columns=["compute_time_min"])
+    assert md_row(res["markdown"], "algorithm")[2:] == ["Compute (min)"]
+    assert md_row(res["markdown"], "grpo")[2] == "0.100 ± 0.083" and md_row(res["markdown"], "dapo")[2] == "–"
     with pytest.raises(ValueError, match="unknown column 'acc'.*final_acc"):
         build_report(sweep, tmp_path / "t", columns=["acc"])
     with pytest.raises(ValueError, match="target is an accuracy fraction"):

@@ -186,6 +186,10 @@ COLUMNS: dict[str, Column] = {
             "count",
         ),
         Column("steps", "Steps", lambda r, c: _num((r.summary or {}).get("steps")), "count"),
+        # The run's own work, the sum of its step times: unlike wall time it leaves out evaluations,
+        # start-up and the waits of a run stopped and resumed (a resumed run logs each step once).
+        Column("compute_time_min", "Compute (min)",
+               lambda r, c: math.fsum(_values(r, "perf/step_time_s")) / 60.0 if _values(r, "perf/step_time_s") else None),
         Column(
             "wall_time_min",
             "Wall time (min)",
