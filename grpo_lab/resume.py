@@ -3,9 +3,9 @@
 
 Replays the run's own command-line overrides (the recorder keeps them in `<run dir>/overrides.yaml`,
 with the launch's `hydra.searchpath` where a config group came from another directory, as a table's
-`+variant=<row>` does; a run from before it did: Hydra's `<run dir>/.hydra/overrides.yaml`), pinned to the same directory with
-`trainer.resume=auto`, so the run continues from its newest intact checkpoint (grpo_lab/checkpoint.py)
-with the same config, the same wandb run and no duplicated lines in metrics.jsonl. An extra
+`+variant=<row>` does; a run from before it did: Hydra's `<run dir>/.hydra/overrides.yaml`), pinned to
+the same directory with `trainer.resume=auto`, so the run continues from its newest intact checkpoint
+(grpo_lab/checkpoint.py) with the same config, the same wandb run and no duplicated lines in metrics.jsonl. An extra
 `trainer.resume=<checkpoint dir>` continues from that checkpoint instead. Extra overrides may change
 only what grpo_lab/run_guard.py's RESUMABLE_CHANGES lists (e.g. trainer.total_steps=300): the
 launch refuses any other change before it loads a model, and records the allowed ones.

@@ -133,8 +133,8 @@ def test_resume_finds_a_config_group_the_launch_found_through_its_searchpath(tmp
     (tmp_path / "confs" / "variant" / "shorter_answers.yaml").write_text(
         "# @package _global_\nrollout:\n  max_new_tokens: 6\n")
     run_dir = tmp_path / "run"
-    overrides = [*TINY_RUN, "rollout=hf", "trainer.checkpoint_every=1", f"hydra.searchpath=[file://{tmp_path / 'confs'}]",
-                 "+variant=shorter_answers"]
+    overrides = [*TINY_RUN, "rollout=hf", "trainer.checkpoint_every=1",
+                 f"hydra.searchpath=[file://{tmp_path / 'confs'}]", "+variant=shorter_answers"]
     assert run_train(overrides, run_dir, warm_cache).returncode == 0
     env = {**os.environ, "WANDB_MODE": "offline"}
     proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(run_dir),

@@ -108,6 +108,11 @@ def _mean_of(run: Run, metric: str) -> float | None:
     return math.fsum(vals) / len(vals) if vals else None
 
 
+def _sum_of(run: Run, metric: str, scale: float = 1.0) -> float | None:
+    vals = _values(run, metric)
+    return math.fsum(vals) * scale if vals else None
+
+
 def _max_of(run: Run, metric: str) -> float | None:
     vals = _values(run, metric)
     return max(vals) if vals else None
@@ -188,8 +193,7 @@ COLUMNS: dict[str, Column] = {
         Column("steps", "Steps", lambda r, c: _num((r.summary or {}).get("steps")), "count"),
         # The run's own work, the sum of its step times: unlike wall time it leaves out evaluations,
         # start-up and the waits of a run stopped and resumed (a resumed run logs each step once).
-        Column("compute_time_min", "Compute (min)",
-               lambda r, c: math.fsum(_values(r, "perf/step_time_s")) / 60.0 if _values(r, "perf/step_time_s") else None),
+        Column("compute_time_min", "Compute (min)", lambda r, c: _sum_of(r, "perf/step_time_s", scale=1 / 60)),
         Column(
             "wall_time_min",
             "Wall time (min)",
