@@ -323,7 +323,7 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
     """Multi-turn rollouts: a registered (or importable) environment, at least two turns with one, a
     registered turn reward, and the parts of the lab that read whole completions turned off."""
     from grpo_lab.interaction import ENVIRONMENTS, TURN_REWARDS
-    from grpo_lab.interaction import critic as _critic  # noqa: F401  (registers `critic`, which sits above the run services)
+    import grpo_lab.second_models  # noqa: F401  (registers the critic LLM environment, a second model above the run services)
     from grpo_lab.interaction.demos import has_demo_message
 
     i = cfg.get("interaction")

@@ -205,13 +205,13 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
         add("gradients (fp32)", 4 * P / n_dev, f"4·P{shard}")
         add("AdamW state (fp32)", 8 * P / n_dev, f"8·P{shard} (exp_avg + exp_avg_sq)")
 
-    objective = OBJECTIVES.get(a.objective)
-    if objective.needs_reference(a):
+    needs = OBJECTIVES.get(a.objective).needs(a)
+    if needs.reference:
         if rank > 0:
             plan.notes.append("reference = base with adapters disabled: no copy")
         else:
             add("reference model", e * P / n_dev, f"{e}·P{shard} (frozen, compute dtype)")
-    if objective.needs_critic(a):
+    if needs.critic:
         C = arch.trunk_params() + h + 1
         per = 18 if bf16 else 16
         add("critic (+AdamW)", per * C / n_dev, f"{per}·C{shard}, C=trunk+head={C:,}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from transformers import AutoTokenizer
 
 from grpo_lab.schema import ConfigError
@@ -23,11 +23,11 @@ from grpo_lab.interaction import message_alphabet, reference_problem
 from grpo_lab.interaction.demos import revision_demos
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
-from grpo_lab.warmup import cache_key, warmup_sft
+from grpo_lab.cache import cache_key
+from grpo_lab.warmup import warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
-from grpo_lab.models import MODEL_BUILDERS
+from grpo_lab.models import build_model_dir
 from grpo_lab.prompts import prepare_for_model
-from grpo_lab.progress import heartbeat
 from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.tasks import build_task
 
@@ -87,18 +87,6 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
     per_answer = f"{turns} x rollout.max_new_tokens" if turns > 1 else "rollout.max_new_tokens"
     print(f"task.drop_overlong: dropped {n_over} of {n_all} prompts of {data} longer than {room} tokens "
           f"(rollout.max_model_len - {per_answer}; {per_split})")
-
-
-def build_model_dir(model_cfg: DictConfig, *, alphabet: str, seed: int, cache_dir: Path) -> Path:
-    """The model a `model` config section describes, built (or found) in the cache: a converted
-    pretrained model is cached once per model, a from-scratch one per alphabet and seed. The policy and
-    an environment's own model (the critic LLM, grpo_lab/interaction/critic.py) are built here."""
-    model_kwargs = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if v is not None}
-    builder = model_kwargs.pop("builder")
-    per_task = MODEL_BUILDERS.fact(builder, "per_task")
-    out_dir = Path(cache_dir) / "models" / (cache_key(model_cfg, alphabet, seed) if per_task else cache_key(model_cfg))
-    with heartbeat(f"model: building or loading {builder} (cache {out_dir})"):
-        return Path(MODEL_BUILDERS.call(builder, out_dir=out_dir, alphabet=alphabet, seed=seed, **model_kwargs))
 
 
 def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dict]:

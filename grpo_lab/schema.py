@@ -486,7 +486,7 @@ class LoggerConfig:
 
 @dataclass
 class CriticLLMConfig:
-    """``interaction.critic``: the critic LLM's model, warm-up and training (grpo_lab/interaction/critic.py)."""
+    """``interaction.critic``: the critic LLM's model, warm-up and training (grpo_lab/second_models/critic_llm.py)."""
 
     # The critic's model, as conf/model/*.yaml (conf/interaction/critic.yaml: a tiny_llama of the actor's size).
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -518,6 +518,8 @@ class CriticLLMConfig:
     # Examples per optimizer step (sft_top_bottom and rl) and the critic's own AdamW learning rate.
     batch_size: int = 64
     lr: float = 1e-4
+    # Global gradient-norm clip of the critic's steps, as learner.grad_clip is the policy's (0 = off).
+    grad_clip: float = 1.0
     # auto (chat for a chat-template tokenizer, else solve_compact) | solve_compact | compact | chat
     # (grpo_lab/interaction/critic_feedback.py).
     feedback_format: str = "auto"

@@ -12,7 +12,6 @@ The result is cached under a key of everything that shapes it, so later runs reu
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import sys
 import time
@@ -21,37 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lab.evaluation import evaluate
-from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, encode_target, token_logprobs
+from grpo_lab.learner.batch import collate, encode_prompt, encode_target
+from grpo_lab.learner.trainable import TrainableModel
 from grpo_lab.progress import CountedProgress, say
 from grpo_lab.rollout.hf_engine import HFEngine
-
-
-def cache_key(*parts) -> str:
-    blob = json.dumps([OmegaConf.to_container(p, resolve=True) if OmegaConf.is_config(p) else p for p in parts],
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def shared_weights_engine(model, tokenizer):
     """An engine generating with `model` itself (no copy), so every evaluation sees the current weights
     (only the transformers engine can share a live torch module)."""
     return HFEngine(model, tokenizer)
-
-
-def sft_step(model, optimizer, batch) -> float:
-    """One supervised step: mean NLL of the completion tokens (the prompt is context, not target)."""
-    logp = token_logprobs(completion_logits(model, batch), batch["completion_ids"])   # [B, T]
-    mask = batch["response_mask"]
-    loss = -(logp * mask).sum() / mask.sum()
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return loss.item()
 
 
 @dataclass
@@ -65,13 +47,14 @@ class SFTProgress:
     samples: int           # supervised examples seen
 
 
-def sft_loop(model, tokenizer, optimizer, items: list, *, batch_size: int, seed: int, device,
+def sft_loop(trainable: TrainableModel, tokenizer, items: list, *, batch_size: int, seed: int, device,
              max_steps: int | None = None, max_train_s: float | None = None,
              on_step: Callable[[SFTProgress], bool | None] | None = None,
              extra: Sequence[tuple[list[int], list[int]]] = ()) -> SFTProgress:
-    """Supervised training on `items`' worked solutions (the warm-up and the matched-compute SFT control),
-    and on `extra` ready-made (prompt ids, target ids) examples drawn from the same pool (the warm-up's
-    revision demonstrations, grpo_lab.interaction.demos).
+    """Supervised training of `trainable` (grpo_lab.learner.trainable: its optimizer takes the steps) on
+    `items`' worked solutions (the warm-up, the matched-compute SFT control, a second model's SFT), and on
+    `extra` ready-made (prompt ids, target ids) examples drawn from the same pool (the warm-up's revision
+    demonstrations, grpo_lab.interaction.demos).
 
     Batches of `batch_size` items are drawn with replacement from a generator seeded with `seed`.
     Stopping rule: after `max_steps` steps, or once `max_train_s` seconds were spent in steps
@@ -86,11 +69,11 @@ def sft_loop(model, tokenizer, optimizer, items: list, *, batch_size: int, seed:
     state = SFTProgress(step=0, loss=float("nan"), step_time_s=0.0, trained_s=0.0, samples=0)
     while ((max_steps is None or state.step < max_steps)
            and (max_train_s is None or state.trained_s < max_train_s)):
-        model.train()   # an evaluation in on_step may have left the model in eval mode
+        trainable.model.train()   # an evaluation in on_step may have left the model in eval mode
         t0 = time.time()
         idx = torch.randint(len(prompts), (batch_size,), generator=gen).tolist()
         batch = collate([prompts[i] for i in idx], [targets[i] for i in idx], tokenizer.pad_token_id).to(device)
-        loss = sft_step(model, optimizer, batch)
+        loss = trainable.sft_step(batch)
         dt = time.time() - t0
         state = SFTProgress(state.step + 1, loss, dt, state.trained_s + dt, state.samples + batch_size)
         if on_step is not None and on_step(state):
@@ -122,7 +105,8 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).to(device)
     engine = shared_weights_engine(model, tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    # torch's AdamW default weight decay (0.01), as the warm-up has always trained; no clipping.
+    trainable = TrainableModel(model, lr=cfg.lr, weight_decay=0.01)
     dev = task.splits["dev"]
     start, history, acc = time.time(), [], 0.0
     tty = sys.stdout.isatty()
@@ -149,7 +133,7 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
             print(f"warm-up SFT step {p.step} | loss {p.loss:.3f} | sampled dev acc {acc:.2f}", flush=True)
         return acc >= cfg.target_sampled_dev_accuracy
 
-    last = sft_loop(model, tokenizer, optimizer, task.splits["train"], batch_size=cfg.batch_size, seed=seed,
+    last = sft_loop(trainable, tokenizer, task.splits["train"], batch_size=cfg.batch_size, seed=seed,
                     device=device, max_steps=cfg.max_steps, on_step=on_step, extra=demos)
     bar.close()
     with torch.no_grad():

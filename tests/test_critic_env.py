@@ -1,4 +1,4 @@
-"""The critic LLM environment (grpo_lab/interaction/critic.py) on a tiny character-level critic: replies,
+"""The critic LLM environment (grpo_lab/second_models/critic_llm.py) on a tiny character-level critic: replies,
 its synthetic-feedback warm-up, the top/bottom SFT and revision-reward RL updates, and exact resume."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_lab.interaction.base import EnvReply, StepRecord
-from grpo_lab.interaction.critic import CriticEnvironment, CriticLLMConfig, critic_config, feedback_format
+from grpo_lab.second_models.critic_llm import CriticEnvironment, CriticLLMConfig, critic_config, feedback_format
 from grpo_lab.interaction.critic_feedback import (FEEDBACK_FORMATS, KINDS, candidate_answer, revision_reward,
                                                   top_bottom, verifier_kind)
 from grpo_lab.learner.batch import collate, completion_logits, token_logprobs
@@ -184,14 +184,14 @@ def test_sft_top_bottom_gathers_the_expected_examples_and_updates_every_kth_step
     tied_top = {example(i, "correct") for i in (1, 2)}
     tied_bottom = {example(i, "wrong") for i in range(3, 7)}
     assert len(pending & tied_top) == 1 and len(pending & tied_bottom) == 1
-    assert metrics["critic/examples"] == 4 and metrics["critic/updates"] == 0 and "critic/loss" not in metrics
+    assert metrics["critic_llm/examples"] == 4 and metrics["critic_llm/updates"] == 0 and "critic_llm/loss" not in metrics
     assert all(torch.equal(before[k], v) for k, v in weights(env).items())
     env.reply(items, [[a] for a in first], seed=2, greedy=False)
     metrics = env.after_step(2, record)
-    assert metrics["critic/updates"] == 1 and torch.isfinite(torch.tensor(metrics["critic/loss"]))
+    assert metrics["critic_llm/updates"] == 1 and torch.isfinite(torch.tensor(metrics["critic_llm/loss"]))
     assert env.pending == [] and any(not torch.equal(before[k], v) for k, v in weights(env).items())
-    assert 0.0 <= metrics["critic/verdict_acc"] <= 1.0 and metrics["critic/feedback_len"] >= 1
-    assert "critic/loss" not in env.after_step(3, record) and env.updates == 1
+    assert 0.0 <= metrics["critic_llm/verdict_acc"] <= 1.0 and metrics["critic_llm/feedback_len"] >= 1
+    assert "critic_llm/loss" not in env.after_step(3, record) and env.updates == 1
 
 
 def sequence_logprob(env: CriticEnvironment, prompt_ids: list[int], completion_ids: list[int]) -> float:
@@ -215,7 +215,7 @@ def test_rl_update_raises_the_logprob_of_rewarded_feedback(cache_dir):
     before = sequence_logprob(env, entry["prompt_ids"], entry["completion_ids"])
     second = [items[0].answer if r.info["critic_text"] == rewarded else wrong for r in replies]
     metrics = env.after_step(1, step_record(items, [wrong] * 24, replies, second))
-    assert metrics["critic/examples"] == 24 and metrics["critic/updates"] == 1
+    assert metrics["critic_llm/examples"] == 24 and metrics["critic_llm/updates"] == 1
     assert sequence_logprob(env, entry["prompt_ids"], entry["completion_ids"]) > before + 0.05
 
 

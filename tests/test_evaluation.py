@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpo_lab.evaluation import evaluate
+from grpo_lab.learner.trainable import TrainableModel
 from grpo_lab.warmup import SFTProgress, sft_loop
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.phases import evaluate as phases_evaluate
@@ -73,9 +74,9 @@ def tiny(tmp_path_factory):
 
 def run_loop(tiny, stop_at: int | None = None, **stop):
     model, tok = tiny
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trainable = TrainableModel(model, lr=1e-3, weight_decay=0.01)
     seen = []
-    last = sft_loop(model, tok, opt, ITEMS, batch_size=2, seed=0, device="cpu",
+    last = sft_loop(trainable, tok, ITEMS, batch_size=2, seed=0, device="cpu",
                     on_step=lambda p: seen.append(p) or p.step == stop_at, **stop)
     return last, seen
 

@@ -443,7 +443,7 @@ def test_demonstrations_named_by_warmup_demos_from_are_shared_by_rows_of_any_env
     """interaction.warmup_demos_from writes the k-th demonstration in the words of the k-th named
     environment (cycling); a single-turn row, a verifier row and a critic row naming the same list get the
     same demonstrations and the same model alphabet, hence one warm-up checkpoint (its cache key)."""
-    from grpo_lab.interaction.critic import CriticEnvironment
+    from grpo_lab.second_models.critic_llm import CriticEnvironment
     from grpo_lab.interaction.demos import revision_demos
 
     shared = ["verifier_feedback", "critic"]
@@ -535,13 +535,13 @@ def test_two_steps_with_a_critic_llm(tmp_path, multi_turn_cache, monkeypatch, mo
     assert code == 0, (run_dir / "summary.json").read_text() if (run_dir / "summary.json").exists() else code
     lines = read_metrics(run_dir)
     for m in lines[1:3]:
-        assert {"critic/verdict_acc", "critic/examples", "critic/updates", "interaction/first_acc"} <= set(m)
-    gathered = sum(m["critic/examples"] for m in lines[1:3])
+        assert {"critic_llm/verdict_acc", "critic_llm/examples", "critic_llm/updates", "interaction/first_acc"} <= set(m)
+    gathered = sum(m["critic_llm/examples"] for m in lines[1:3])
     if mode == "false":
-        assert lines[2]["critic/updates"] == 0.0 and gathered == 0 and not any("critic/loss" in m for m in lines)
+        assert lines[2]["critic_llm/updates"] == 0.0 and gathered == 0 and not any("critic_llm/loss" in m for m in lines)
     else:   # updates every step that gathered an example
-        assert gathered > 0 and lines[2]["critic/updates"] == sum(m["critic/examples"] > 0 for m in lines[1:3])
-        assert all(("critic/loss" in m) == (m["critic/examples"] > 0) for m in lines[1:3])
+        assert gathered > 0 and lines[2]["critic_llm/updates"] == sum(m["critic_llm/examples"] > 0 for m in lines[1:3])
+        assert all(("critic_llm/loss" in m) == (m["critic_llm/examples"] > 0) for m in lines[1:3])
     rows = [json.loads(s) for s in (run_dir / "samples.jsonl").read_text().splitlines() if s.strip()]
     assert rows and all("turns" in r for r in rows)
 
@@ -551,4 +551,4 @@ def test_kill_9_then_resume_with_a_trained_critic_equals_an_uninterrupted_run(tm
     """Exact resume covers both models: the critic's weights, optimizer and pending examples come back."""
     run = [*TINY_RUN, *CRITIC_RUN, "interaction.critic.train=sft_top_bottom", "interaction.critic.update_every=2"]
     reference = killed_and_resumed_equals_uninterrupted(run, tmp_path, multi_turn_cache)
-    assert reference[4]["critic/updates"] == 2.0   # updates at steps 2 and 4: one before the kill, one after
+    assert reference[4]["critic_llm/updates"] == 2.0   # updates at steps 2 and 4: one before the kill, one after

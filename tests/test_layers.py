@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 # Bottom to top: (floor name, module prefixes). The package's own __init__ is on the bottom floor.
 FLOORS: list[tuple[str, list[str]]] = [
     ("foundation", ["grpo_lab.schema", "grpo_lab.registry", "grpo_lab.atomic_dir", "grpo_lab.parent_death",
-                    "grpo_lab.progress"]),
+                    "grpo_lab.progress", "grpo_lab.cache"]),
     ("math and prompts", ["grpo_lab.algos", "grpo_lab.prompts"]),
     ("learner tensors", ["grpo_lab.learner"]),           # batch, schedules, torch.distributed helpers
     ("models", ["grpo_lab.models"]),
@@ -42,9 +42,9 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("plans and checks", ["grpo_lab.memory_plan", "grpo_lab.validation_io", "grpo_lab.cpu_placement"]),
     ("run services", ["grpo_lab.backends", "grpo_lab.ray_backend", "grpo_lab.warmup", "grpo_lab.checkpoint",
                       "grpo_lab.resume", "grpo_lab.logging", "grpo_lab.run_setup", "grpo_lab.run_guard"]),
-    # An environment with its own model and warm-up (the critic LLM) is built like the policy, so it sits
-    # above the run services; grpo_lab.config imports it, which registers it.
-    ("learning environments", ["grpo_lab.interaction.critic"]),
+    # Models other than the policy (the critic LLM, reward models) are built and warmed up like the policy,
+    # so they sit above the run services; grpo_lab.config imports them, which registers the critic LLM.
+    ("second models", ["grpo_lab.second_models"]),
     ("config", ["grpo_lab.config"]),
     ("entry point", ["grpo_lab.train"]),
     ("report", ["grpo_lab.report"]),

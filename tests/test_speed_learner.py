@@ -272,7 +272,7 @@ def test_shared_prompt_forward_gives_the_same_logprobs_entropy_and_gradients(mod
     embedded positions instead of N·(P + T)."""
     from transformers import AutoModelForCausalLM
 
-    from grpo_lab.learner.learner import apply_lora
+    from grpo_lab.learner.trainable import apply_lora
 
     batch = fsdp_common.grouped_batch(seed=1) if layout == "ragged" else unpadded_grouped_batch()
     (N, T), P = batch["completion_ids"].shape, batch.prompt_width

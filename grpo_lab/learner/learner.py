@@ -6,7 +6,8 @@ weights for the engine to load. The objective it is handed (grpo_lab/objectives)
 a loss; this module runs the forwards that produce those tensors, the backward, and the optimizer.
 
 One update: `update` -> per minibatch `_accumulate_gradient` (per micro-batch: `_loss_inputs`, the
-policy's forward -> `objective.loss` -> backward) -> `_clip_and_step` (optimizer.step).
+policy's forward -> `objective.loss` -> backward) -> `TrainableModel.clip_and_step`
+(grpo_lab/learner/trainable.py: the one optimizer step of the lab, shared with every other model it trains).
 
 At scale, all off by default, which keeps the default numbers bit for bit:
 
@@ -33,7 +34,6 @@ same logprobs and gradients up to rounding, for P + G·T positions a group inste
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import ctypes
 import functools
@@ -44,23 +44,20 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModel, AutoModelForCausalLM
+from transformers import AutoModel
 
 from grpo_lab.algos import aggregate, clipped_value_loss, logprob_mismatch_metrics, truncated_is_weights
 from grpo_lab.learner import distributed
 from grpo_lab.learner.batch import TensorBatch, completion_stats, prompt_groups
 from grpo_lab.learner.schedules import lr_factor
+from grpo_lab.learner.trainable import TrainableModel, load_causal_lm
+from grpo_lab.objectives import MinibatchPlan
 
 # Projections that inference engines fuse into one matrix (vLLM's `packed_modules_mapping` for
 # Llama / Qwen2 / Mistral: qkv_proj, gate_up_proj). vLLM reloads a fused layer as a whole, so when
 # one member changes, its siblings travel too, or the engine would rebuild the fused matrix from a
 # partial load.
 PACKED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-
-
-def _opt(cfg, name: str, default):
-    """A learner setting that older or hand-built configs (SimpleNamespace in tests) may lack."""
-    return getattr(cfg, name, default)
 
 
 def set_cpu_threads(num_threads: int | None) -> int:
@@ -186,18 +183,6 @@ class AdapterDisabledReference:
         return iter(())
 
 
-def apply_lora(model: nn.Module, lora_cfg) -> nn.Module:
-    """Wrap `model` with peft LoRA adapters (B = 0 at start, so the policy starts as the base)."""
-    from peft import LoraConfig, get_peft_model
-
-    if getattr(model.config, "tie_word_embeddings", False) and "lm_head" in lora_cfg.target_modules:
-        raise ValueError("learner.lora.target_modules names lm_head, but this model ties it to the input "
-                         "embedding; adapt the embedding (embed_tokens) or leave lm_head out")
-    config = LoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha), lora_dropout=float(lora_cfg.dropout),
-                        target_modules=list(lora_cfg.target_modules), bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
-
-
 class Learner:
     """`objective` is the registered training objective (`OBJECTIVES.get(cfg.algorithm.objective)`):
     its facts say which models to hold and which forwards to run; its `loss` gets their tensors."""
@@ -208,63 +193,70 @@ class Learner:
         self.cfg, self.algo, self.temperature = learner_cfg, algo_cfg, temperature
         self.objective = objective
         # learner.strategy=fsdp2: weights sharded over the torchrun ranks, rows split (learner/distributed.py).
-        self.sharded = _opt(learner_cfg, "strategy", "single") == "fsdp2"
+        self.sharded = learner_cfg.strategy == "fsdp2"
         if self.sharded:
             distributed.init()   # before any .to(device): picks this rank's GPU
         # Dr.GRPO's constant normaliser is the generation budget, not the batch's longest completion.
         self.max_completion_len = max_completion_len
         self.device = resolve_device(learner_cfg.device)
-        # Parameters stay fp32 in every mode: with dtype=bf16 they are the master weights and the
-        # forward runs under autocast (see `_autocast`).
-        self.autocast_dtype = torch.bfloat16 if _opt(learner_cfg, "dtype", "fp32") == "bf16" else None
-        self.token_budget = _opt(learner_cfg, "max_tokens_per_micro_batch", None)
-        self.logits_chunk = _opt(learner_cfg, "logits_chunk_tokens", None)
-        self.shared_prompts = _opt(learner_cfg, "shared_prompt_forward", False)
-        attn = _opt(learner_cfg, "attn_implementation", None)   # null: the model's default kernel
-        policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                      **({"attn_implementation": attn} if attn else {})).to(self.device)
-        if _opt(learner_cfg, "gradient_checkpointing", False):
-            # Non-reentrant checkpointing works with frozen inputs (LoRA) and autocast, needs no
-            # enable_input_require_grads, and is what torch recommends (torch.utils.checkpoint docs).
-            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        lora = _opt(learner_cfg, "lora", None)
-        self.lora = lora is not None and lora.rank > 0
-        self.policy = apply_lora(policy, lora) if self.lora else policy
-        self.policy.train()
+        self.token_budget = learner_cfg.max_tokens_per_micro_batch
+        self.logits_chunk = learner_cfg.logits_chunk_tokens
+        self.shared_prompts = learner_cfg.shared_prompt_forward
+        self.lora = learner_cfg.lora.rank > 0
+        self.policy = load_causal_lm(model_dir, device=self.device, attn_implementation=learner_cfg.attn_implementation,
+                                     gradient_checkpointing=learner_cfg.gradient_checkpointing, lora=learner_cfg.lora)
         # Dropout anywhere makes a train-mode forward differ from the eval-mode scoring forward.
-        self.stochastic_forward = getattr(policy.config, "attention_dropout", 0.0) > 0 or any(
+        self.stochastic_forward = getattr(self.policy.config, "attention_dropout", 0.0) > 0 or any(
             isinstance(m, nn.Dropout) and m.p > 0 for m in self.policy.modules())
-        # The objective says what it needs: the reference is only loaded when something reads it
+        # The objective says once what it needs: the reference is only loaded when something reads it
         # (KL > 0, or DPO's implicit reward), the critic only when trained.
-        self.needs_ref = self.objective.needs_reference(algo_cfg)
-        if not self.needs_ref:
+        self.needs = self.objective.needs(algo_cfg)
+        if not self.needs.reference:
             self.ref = None
         elif self.lora:
             self.ref = AdapterDisabledReference(self.policy)
         else:
             self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.sharded:
-            if self.lora or self.objective.needs_critic(algo_cfg):
+            if self.lora or self.needs.critic:
                 raise ValueError("learner.strategy=fsdp2 supports neither LoRA (learner.lora.rank > 0) nor a "
                                  "critic (algorithm.critic.enabled); use learner.strategy=single for those")
             # The frozen reference is sharded the same way (1/W of its memory per rank).
             for model in (self.policy, self.ref):
                 if model is not None:
                     distributed.shard_model(model)
-        # Only trainable tensors get AdamW state (with LoRA: the adapters; else every parameter, in order).
-        self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
-                                           lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay)
-        schedule = _opt(learner_cfg, "lr_schedule", "constant")
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
-            lr_factor, schedule=schedule, warmup_steps=_opt(learner_cfg, "warmup_steps", 0),
-            # total_steps interpolates trainer.total_steps: read it only where a decay needs it.
-            total_steps=None if schedule == "constant" else learner_cfg.total_steps))
-        self.critic = self.critic_optimizer = None
-        if self.objective.needs_critic(algo_cfg):
+        schedule = learner_cfg.lr_schedule
+        self.actor = TrainableModel(
+            self.policy, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay, grad_clip=learner_cfg.grad_clip,
+            dtype=learner_cfg.dtype, sharded=self.sharded,
+            lr_lambda=functools.partial(lr_factor, schedule=schedule, warmup_steps=learner_cfg.warmup_steps,
+                                        # total_steps interpolates trainer.total_steps: read only where a decay needs it.
+                                        total_steps=None if schedule == "constant" else learner_cfg.total_steps))
+        self.critic = self.value_model = None
+        if self.needs.critic:
             self.critic = ValueModel(algo_cfg.critic.model_path or model_dir).to(self.device)
-            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=algo_cfg.critic.lr)
+            # The value model's forward runs in fp32 (no autocast) and is clipped as the policy is.
+            self.value_model = TrainableModel(self.critic, lr=algo_cfg.critic.lr, weight_decay=0.01,
+                                              grad_clip=learner_cfg.grad_clip)
         self.generator = torch.Generator().manual_seed(seed)
         self.step = 0
+
+    # The policy's optimizer and schedule live in its TrainableModel; tests and benchmarks swap them.
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.actor.optimizer
+
+    @optimizer.setter
+    def optimizer(self, value: torch.optim.Optimizer) -> None:
+        self.actor.optimizer = value
+
+    @property
+    def scheduler(self):
+        return self.actor.scheduler
+
+    @scheduler.setter
+    def scheduler(self, value) -> None:
+        self.actor.scheduler = value
 
     # ------------------------------------------------------------------ scoring (no gradients)
     def learner_logprobs_from_update(self, batch: TensorBatch) -> bool:
@@ -279,7 +271,7 @@ class Learner:
         """
         return (self.algo.epochs == 1 and self.algo.minibatches == 1 and self.algo.tis_cap is None
                 and not batch.extras.get("offline") and "sampler_logprobs" in batch and not self.sharded
-                and self.objective.views is None and not self.stochastic_forward)
+                and self.needs.views is None and not self.stochastic_forward)
 
     @torch.no_grad()
     def score(self, batch: TensorBatch) -> dict[str, float]:
@@ -332,17 +324,10 @@ class Learner:
         if isinstance(model, AdapterDisabledReference):
             with model.peft_model.disable_adapter():
                 return self.policy_logprobs(micro, entropy=entropy, entropy_grad=entropy_grad)
-        with self._autocast():
+        with self.actor.autocast():
             return completion_stats(self.policy if model is None else model, micro, self.temperature,
                                     chunk_tokens=self.logits_chunk, entropy=entropy, entropy_grad=entropy_grad,
                                     shared_prompts=self.shared_prompts)
-
-    def _autocast(self):
-        """bf16 compute over fp32 master weights (learner.dtype=bf16); nothing otherwise. Backward
-        runs outside it and replays each op in its forward dtype, so gradients reach fp32 params."""
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     # ------------------------------------------------------------------ updates
     def update(self, batch: TensorBatch) -> dict[str, float]:
@@ -365,12 +350,12 @@ class Learner:
             for mb_idx in order.chunk(self.algo.minibatches):
                 minibatch = batch.index(mb_idx)
                 # Rows that add exactly 0 (all-zero advantages, ...) need no forward/backward.
-                silent = self.objective.rows_without_gradient(minibatch, self.algo)      # [m] bool
-                silent_rows += int(silent.sum())
-                part, logprobs = self._accumulate_gradient(minibatch, silent, keep_logprobs=from_update)
+                plan = self.objective.minibatch_plan(minibatch, self.algo)
+                silent_rows += int(plan.without_gradient.sum())
+                part, logprobs = self._accumulate_gradient(minibatch, plan, keep_logprobs=from_update)
                 learner_logprobs += [(mb_idx[rows], lp) for rows, lp in logprobs]
                 actor.absorb(part)
-                grad_norm = self._clip_and_step(self.policy, self.optimizer)
+                grad_norm = self.actor.clip_and_step()
                 actor.add({"grad_norm": grad_norm})
                 skipped += not math.isfinite(grad_norm)
                 if self.critic is not None:
@@ -387,18 +372,18 @@ class Learner:
                 # Skipped or not: what learner.skip_rows_without_gradient saves (or saved) of the learner's work.
                 "actor/rows_without_gradient_frac": silent_rows / (n * self.algo.epochs)}
 
-    def _accumulate_gradient(self, minibatch: TensorBatch, silent: torch.Tensor, *,
+    def _accumulate_gradient(self, minibatch: TensorBatch, plan: MinibatchPlan, *,
                              keep_logprobs: bool) -> tuple[MetricMean, list]:
         """Forward and backward of the micro-batches of `minibatch` this process trains on, so that the
         policy's gradient is the whole minibatch's loss's. With learner.skip_rows_without_gradient the
-        `silent` rows are left out; the minibatch-wide normalisers still count them, so the gradient is
+        plan's rows without gradient are left out; the minibatch-wide normalisers still count them, so the gradient is
         the same sum. Returns the metrics (weighted by rows) and, with keep_logprobs (one optimizer step
         per batch: this forward ran at the sampling weights), (minibatch rows, detached token logprobs)
         of every micro-batch."""
-        norm = self._minibatch_norms(minibatch)
-        skip = _opt(self.cfg, "skip_rows_without_gradient", False)
-        train_idx = (~silent).nonzero().squeeze(-1) if skip else None
-        self.optimizer.zero_grad(set_to_none=True)
+        norm = self._minibatch_norms(minibatch, plan)
+        skip = self.cfg.skip_rows_without_gradient
+        train_idx = (~plan.without_gradient).nonzero().squeeze(-1) if skip else None
+        self.actor.zero_grad()
         metrics, logprobs = MetricMean(), []
         for rows, micro, real in self._local_micro_batches(minibatch, train_idx):
             micro = micro.to(self.device)
@@ -413,25 +398,24 @@ class Learner:
             distributed.merge_metric_means(metrics)   # the whole minibatch's metrics on every rank
         return metrics, logprobs
 
-    def _minibatch_norms(self, minibatch: TensorBatch) -> dict:
+    def _minibatch_norms(self, minibatch: TensorBatch, plan: MinibatchPlan) -> dict:
         """Minibatch-wide normalisers (tokens, sequences, the generation budget, and the objective's
         own): with them, summing the micro-batches' losses gives exactly the full minibatch's loss."""
         mask = minibatch["loss_mask"]
         return dict(num_tokens=mask.sum().clamp(min=1).item(),
                     num_seqs=(mask.sum(-1) > 0).sum().clamp(min=1).item(),
                     max_len=max(self.max_completion_len, mask.shape[1]),
-                    **self.objective.minibatch_norms(minibatch))
+                    **plan.norms)
 
     def _loss_inputs(self, micro: TensorBatch) -> dict:
         """The tensors `objective.loss` takes besides the micro-batch: the policy's token logprobs, with
         gradient, of the rows the objective names (`Objective.views`), the reference logprobs `score`
         put beside them, and for the micro-batch's own rows the token entropy when the objective logs
-        it (on the autograd graph only when its loss uses it)."""
-        views = self.objective.views
+        it (on the autograd graph only when its loss uses it): as `self.needs` says."""
+        views = self.needs.views
         if views is None:
-            in_loss = self.objective.entropy_in_loss(self.algo)
-            logprobs, entropy = self.policy_logprobs(micro, entropy=self.objective.logs_entropy or in_loss,
-                                                     entropy_grad=in_loss)                # [n, T] ×2
+            logprobs, entropy = self.policy_logprobs(micro, entropy=self.needs.entropy,
+                                                     entropy_grad=self.needs.entropy_grad)   # [n, T] ×2
             return {"logprobs": logprobs, "entropy": entropy, "ref_logprobs": micro.get("ref_logprobs")}
         rows = {view: micro.view(f"{view}/") for view in views}
         return {"logprobs": {view: self.policy_logprobs(r)[0] for view, r in rows.items()},
@@ -463,35 +447,14 @@ class Learner:
         micros = [m for _, m in micro_batches(mine, self.cfg.micro_batch_size, self.token_budget)] if len(mine) else []
         return [(None, m if real else filler(), real) for m, real in distributed.equalize(micros)]
 
-    def _clip_and_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
-        """Clip and apply the accumulated gradient; a non-finite gradient norm (a NaN/inf loss or reward
-        got through) is not applied at all, so one bad batch cannot destroy the weights or Adam's moments."""
-        params = [p for p in model.parameters() if p.grad is not None]
-        if not params:
-            return 0.0
-        # Under fsdp2 the gradients are DTensor shards: the norms below are global (DTensor reduces them).
-        if self.cfg.grad_clip > 0:
-            norm = distributed.to_float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
-        else:
-            norm = distributed.to_float(torch.nn.utils.get_total_norm([p.grad for p in params])) if self.sharded \
-                else float(torch.norm(torch.stack([p.grad.norm() for p in params])))
-        if math.isfinite(norm):
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return norm
-
     def parameters_finite(self) -> bool:
-        """One reduction over every weight: NaN or inf anywhere makes the sum non-finite."""
-        with torch.no_grad():
-            sums = [distributed.to_float(p.float().sum()) for p in self.policy.parameters()]
-            return math.isfinite(math.fsum(sums)) if self.sharded else bool(
-                torch.isfinite(torch.stack([p.float().sum() for p in self.policy.parameters()]).sum()))
+        return self.actor.parameters_finite()
 
     def _critic_step(self, minibatch: TensorBatch) -> dict[str, float]:
         """One step of the clipped value loss (PPO), token-mean over the minibatch."""
         num_tokens = minibatch["response_mask"].sum().clamp(min=1).item()
         clip_frac, value_loss = MetricMean(), 0.0
-        self.critic_optimizer.zero_grad(set_to_none=True)
+        self.value_model.zero_grad()
         for _, micro in micro_batches(minibatch, self.cfg.micro_batch_size, self.token_budget):
             micro = micro.to(self.device)
             loss_mat, m = clipped_value_loss(self.critic(micro), micro["old_values"], micro["returns"],
@@ -501,7 +464,7 @@ class Learner:
             loss.backward()
             value_loss += loss.item()
             clip_frac.add(m, weight=len(micro))
-        grad_norm = self._clip_and_step(self.critic, self.critic_optimizer)
+        grad_norm = self.value_model.clip_and_step()
         return {"value_loss": value_loss, "grad_norm": grad_norm, **clip_frac.result()}
 
     # ------------------------------------------------------------------ weights
@@ -563,12 +526,12 @@ class Learner:
         """Everything of the learner that changes over a run, except the policy weights (saved as a model
         directory beside it): optimizer moments, LR scheduler, critic and its optimizer, minibatch
         generator, step."""
-        state = {"scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state(), "step": self.step}
-        if not self.sharded:   # under fsdp2 the optimizer's shards go to the DCP checkpoint (save_dcp)
-            state["optimizer"] = self.optimizer.state_dict()
+        # Under fsdp2 the optimizer's shards go to the DCP checkpoint (save_dcp).
+        state = {**self.actor.state_dict(optimizer=not self.sharded), "generator": self.generator.get_state(),
+                 "step": self.step}
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
-            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            state["critic_optimizer"] = self.value_model.optimizer.state_dict()
         return state
 
     def load_state(self, policy_dir: str | Path, state: dict) -> None:
@@ -599,15 +562,12 @@ class Learner:
             if unexpected or [k for k in missing if not (tied and k == "lm_head.weight")]:
                 raise RuntimeError(f"checkpoint {policy_dir} does not match the policy: missing {missing}, "
                                    f"unexpected {unexpected}")
-        if "optimizer" in state:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if "scheduler" in state:   # checkpoints written before the schedule existed ran a constant rate
-            self.scheduler.load_state_dict(state["scheduler"])
+        self.actor.load_state_dict(state)
         self.generator.set_state(state["generator"])
         self.step = state["step"]
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.value_model.optimizer.load_state_dict(state["critic_optimizer"])
 
     def save(self, path: str | Path, tokenizer=None) -> None:
         """A plain HF model directory (what engines, evaluation and tables load). With LoRA: the

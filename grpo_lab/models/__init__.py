@@ -10,9 +10,10 @@ Public API::
     MODEL_BUILDERS: Registry("model"), fn(out_dir, *, alphabet, **model_kwargs) -> Path
         tiny_llama | smollm2_135m | pretrained(path=...)
     is_complete_model_dir(path) -> bool
+    build_model_dir(model_cfg, *, alphabet, seed, cache_dir) -> Path   built or found in the cache
 """
 
-from .builders import MODEL_BUILDERS, is_complete_model_dir
+from .builders import MODEL_BUILDERS, build_model_dir, is_complete_model_dir
 from .char_tokenizer import SPECIAL_TOKENS, build_char_tokenizer
 from .smollm2 import smollm2_135m
 from .tiny_llama import build_tiny_llama
@@ -21,6 +22,7 @@ __all__ = [
     "MODEL_BUILDERS",
     "SPECIAL_TOKENS",
     "build_char_tokenizer",
+    "build_model_dir",
     "build_tiny_llama",
     "is_complete_model_dir",
     "smollm2_135m",

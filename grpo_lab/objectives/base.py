@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from omegaconf import OmegaConf
 
@@ -15,6 +17,30 @@ def settings_of(section) -> dict:
     """A config section as plain keyword arguments for ``Registry.call`` (which passes each registered
     function only the ones its signature names)."""
     return OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(vars(section))
+
+
+@dataclass(frozen=True)
+class LearnerNeeds:
+    """What an objective needs the learner to hold and compute, stated once when the learner is built
+    (`Objective.needs`), so the learner never asks again: per minibatch it calls only
+    `Objective.minibatch_plan` (which rows train, and the normalisers) and, per micro-batch, `loss`."""
+
+    reference: bool                        # a frozen copy of the starting policy (π_ref)
+    critic: bool                           # a value model trained beside the policy (PPO)
+    # None: `loss` gets the policy's logprobs of the micro-batch's own rows [n, T] (and the learner may
+    # read π_learner from that forward); a tuple of names: of each view "<name>/" ({name: [n, T]}).
+    views: tuple[str, ...] | None
+    entropy: bool                          # the token entropy of the own rows is computed (and logged)
+    entropy_grad: bool                     # ... on the autograd graph (a loss term differentiates it)
+
+
+@dataclass(frozen=True)
+class MinibatchPlan:
+    """Per minibatch: rows whose loss and gradient are exactly 0 (bool [m]) and the minibatch-wide
+    normalisers the objective's `loss` needs beyond the learner's own (num_tokens, num_seqs, max_len)."""
+
+    without_gradient: torch.Tensor
+    norms: dict
 
 
 class Objective:
@@ -49,6 +75,16 @@ class Objective:
     def min_group_size(self, algo) -> int:
         """Fewest samples per prompt with which this objective can learn anything."""
         return 1
+
+    def needs(self, algo) -> LearnerNeeds:
+        """Everything the learner must know about this objective under `algo`, read once."""
+        in_loss = self.entropy_in_loss(algo)
+        return LearnerNeeds(reference=self.needs_reference(algo), critic=self.needs_critic(algo), views=self.views,
+                            entropy=self.views is None and (self.logs_entropy or in_loss), entropy_grad=in_loss)
+
+    def minibatch_plan(self, minibatch, algo) -> MinibatchPlan:
+        """The minibatch's rows without gradient and its normalisers (`rows_without_gradient`, `minibatch_norms`)."""
+        return MinibatchPlan(self.rows_without_gradient(minibatch, algo), self.minibatch_norms(minibatch))
 
     def check(self, cfg, errors: list[str]) -> None:
         """Append a message (naming the key and what to change) for every setting that cannot work."""

@@ -56,6 +56,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     from grpo_lab.evaluation import evaluate_held_out
+    from grpo_lab.learner.trainable import TrainableModel
     from grpo_lab.warmup import SFTProgress, sft_loop, shared_weights_engine
     from grpo_lab.run_setup import log_initial_eval, start_run
 
@@ -63,7 +64,8 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     task, tokenizer, device = start.task, start.tokenizer, start.device
     model = AutoModelForCausalLM.from_pretrained(str(start.policy_dir), dtype=torch.float32).to(device)
     engine = shared_weights_engine(model, tokenizer)  # every evaluation sees the current weights
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.warmup.lr)
+    # The warm-up's optimizer (torch's AdamW default weight decay, 0.01), continued.
+    trainable = TrainableModel(model, lr=cfg.warmup.lr, weight_decay=0.01)
     eval_items = task.splits[cfg.trainer.eval_split]
 
     def run_eval(step: int) -> dict:   # as the RL runs evaluate (greedy, and mean@k when they do)
@@ -82,7 +84,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
             metrics.update(run_eval(p.step))
         recorder.log(metrics, step=p.step, samples=p.samples)
 
-    last = sft_loop(model, tokenizer, optimizer, task.splits["train"], batch_size=cfg.warmup.batch_size,
+    last = sft_loop(trainable, tokenizer, task.splits["train"], batch_size=cfg.warmup.batch_size,
                     seed=cfg.seed, device=device, max_train_s=wall_time_s, on_step=on_step)
     after = run_eval(last.step)
     recorder.log(after, step=last.step, samples=last.samples)

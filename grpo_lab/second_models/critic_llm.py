@@ -1,16 +1,18 @@
-"""A critic LLM as the actor's environment: a separate, smaller model reads the question and the actor's
-answer, writes short feedback, and learns alongside the actor on its own rhythm.
+"""The critic LLM: a second, smaller model that reads the question and the actor's answer, writes short
+feedback as the actor's environment, and learns alongside the actor on its own rhythm.
 
 The actor answers; the critic writes feedback (critique-then-revise: Saunders et al. 2022, arXiv
 2206.05802; a trained critic model: CriticGPT, McAleese et al. 2024, arXiv 2407.00215); unless the
 critic's verdict is "correct" the actor revises. Formats (a one-letter verdict for the character-level
 tiny model, after its own answer; a sentence through the chat template for a chat model) are in
-grpo_lab/interaction/critic_feedback.py.
+grpo_lab/interaction/critic_feedback.py; the rollout loop sees only the environment contract
+(grpo_lab/interaction/base.py). The model is a `SecondModel` (grpo_lab/second_models/base.py): its
+optimizer step, its SFT and its RL step are the ones every model of the lab trains with.
 
 Life of the critic, configured under ``interaction.critic`` (`CriticLLMConfig`, conf/interaction/critic.yaml):
 
 1. **Model**: ``critic.model`` is a model section as conf/model/*.yaml (built and cached by
-   `grpo_lab.run_setup.build_model_dir`, as the actor's), generating through its own HF engine
+   `grpo_lab.models.build_model_dir`, as the actor's), generating through its own HF engine
    (grpo_lab.rollout's ``hf`` entry) on the CPU. A LoRA critic adapter over the actor's own base
    would save the second model's memory; it is not built here.
 2. **Warm-up** (``critic.warmup``, a warm-up section as the actor's): SFT on synthetic (question,
@@ -26,7 +28,7 @@ Life of the critic, configured under ``interaction.critic`` (`CriticLLMConfig`, 
      positives (target: "correct" feedback), the bottom ``bottom_frac`` negatives (target: the bare
      "wrong" verdict, since a scalar reward says nothing about what is wrong; solve_compact writes the
      item's reference answer before either letter); ties: `critic_feedback.top_bottom`.
-     ``sft_steps`` SFT steps per update.
+     ``sft_steps`` SFT steps per update (`SecondModel.sft_update`: the warm-up's own SFT loop).
    * ``rl``: the critic's sampled feedback is an action, rewarded +1 when the revision it led to
      turned a wrong first answer right, −1 when it turned a right one wrong, 0 otherwise (the
      revision-outcome reward of CTRL, Xie et al. 2025, arXiv 2502.03492; SCoRe, arXiv 2409.12917,
@@ -38,15 +40,17 @@ Life of the critic, configured under ``interaction.critic`` (`CriticLLMConfig`, 
      the registered advantage (``advantage``, one batch-wide group: a batch-mean baseline, REINFORCE
      with baseline) and policy loss (``policy_loss``; the sampler's logprobs kept from generation are
      π_old, so a clipped surrogate makes several steps safe). Only the feedback on a conversation's
-     first answer is trained on (``max_turns: 2`` has no other).
+     first answer is trained on (``max_turns: 2`` has no other). The step is `SecondModel.rl_update`:
+     the policy-gradient objective the actor trains with, clipped at ``critic.grad_clip``.
 
 Only sampled replies (``greedy=False``: training rollouts) are actions: `reply` keeps each one (its
 prompt and feedback ids, sampler logprobs, verdict), keyed by (question, answer), until `after_step`
 matches it with the step's first answers; replies not matched within two steps are dropped.
-`after_step` returns ``critic/verdict_acc`` (agreement of the critic's verdict on the step's first
-answers with the verifier; an unreadable verdict disagrees), ``critic/feedback_len`` (tokens),
-``critic/examples`` (training examples gathered this step), ``critic/updates`` (so far) and
-``critic/loss`` (only on a step that updated).
+`after_step` returns, under its own prefix ``critic_llm/`` (``critic/`` is PPO's value model):
+``critic_llm/verdict_acc`` (agreement of the critic's verdict on the step's first answers with the
+verifier; an unreadable verdict disagrees), ``critic_llm/feedback_len`` (tokens),
+``critic_llm/examples`` (training examples gathered this step), ``critic_llm/updates`` (so far) and
+``critic_llm/loss`` (only on a step that updated).
 """
 
 from __future__ import annotations
@@ -58,24 +62,25 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from grpo_lab.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, aggregate
+from grpo_lab.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, POLICY_LOSSES
+from grpo_lab.cache import cache_key
 from grpo_lab.interaction import ENVIRONMENTS
 from grpo_lab.interaction.base import EnvReply, StepRecord
 from grpo_lab.interaction.critic_feedback import (COMPACT_CHARS, FEEDBACK_FORMATS, FeedbackFormat, items_digest,
                                                   revision_reward, synthetic_task, top_bottom, verifier_kind)
-from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, token_logprobs
-from grpo_lab.models import MODEL_BUILDERS
+from grpo_lab.learner.batch import encode_prompt
+from grpo_lab.models import MODEL_BUILDERS, build_model_dir
 from grpo_lab.models.builders import settings_errors
 from grpo_lab.prompts import uses_chat_template
 from grpo_lab.registry import Registry
 from grpo_lab.rollout import make_engine
 from grpo_lab.rollout.hf_engine import SAMPLERS
-from grpo_lab.run_setup import build_model_dir
-from grpo_lab.schema import ConfigError, CriticLLMConfig
+from grpo_lab.schema import AlgorithmConfig, ConfigError, CriticLLMConfig
+from grpo_lab.second_models.base import SecondModel
 from grpo_lab.tasks import TaskItem
-from grpo_lab.warmup import cache_key, sft_loop, warmup_sft
+from grpo_lab.warmup import warmup_sft
 
 # Facts: `learns` (the critic's weights change during the run) and `update` (env, examples) -> loss, the
 # update run every critic.update_every actor steps on the examples the entry gathered.
@@ -125,6 +130,10 @@ def _config_errors(c: DictConfig) -> list[str]:
          "(e.g. group_mean)"),
         (c.policy_loss in POLICY_LOSSES, f"interaction.critic.policy_loss={c.policy_loss!r}; valid: "
                                          f"{', '.join(POLICY_LOSSES.names())}"),
+        (c.loss_agg_mode in AGGREGATIONS, f"interaction.critic.loss_agg_mode={c.loss_agg_mode!r}; valid: "
+                                          f"{', '.join(AGGREGATIONS.names())}"),
+        (c.lr > 0 and c.grad_clip >= 0, f"interaction.critic.lr={c.lr} must be > 0 and interaction.critic.grad_clip="
+                                        f"{c.grad_clip} >= 0 (0 = no clipping)"),
         (min(c.max_offset, c.batch_size, c.warmup_pairs_per_item) >= 1 and min(c.sft_steps, c.rl_steps) >= 0,
          "interaction.critic.max_offset, batch_size and warmup_pairs_per_item must be >= 1, sft_steps and "
          "rl_steps >= 0"),
@@ -202,8 +211,9 @@ class CriticEnvironment:
         rollout = OmegaConf.create({"engine": "hf", "dtype": "float32", "sampler": self.config.sampler})
         self.engine = make_engine(self.model_dir, rollout, seed=self.seed, device="cpu")
         self.tokenizer = self.engine.tokenizer
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr)
+        self.critic = SecondModel(self.model_dir, lr=self.config.lr, grad_clip=self.config.grad_clip,
+                                  prefix="critic_llm/")
+        self.model = self.critic.model
         self.pending: list[dict] = []          # training examples gathered since the last update
         self.stash: dict[str, list[dict]] = {}   # sampled replies not yet matched by after_step
         self.updates = 0
@@ -259,7 +269,7 @@ class CriticEnvironment:
         return matched
 
     def after_step(self, step: int, record: StepRecord) -> dict[str, float]:
-        """Gather this step's examples, update every critic.update_every steps; returns critic/ metrics."""
+        """Gather this step's examples, update every critic.update_every steps; returns critic_llm/ metrics."""
         matched = self._match(record)
         truth = [verifier_kind(item, answers[0]) == "correct" for item, answers in zip(record.items, record.answers)]
         metrics = self._judgement_metrics(record, matched, truth)
@@ -269,10 +279,10 @@ class CriticEnvironment:
         if CRITIC_TRAINING.fact(self.mode, "learns") and self.steps_since_update >= self.config.update_every:
             self.steps_since_update = 0
             if self.pending:
-                metrics["critic/loss"] = self._update()
+                metrics["loss"] = self._update()
                 self.updates += 1
             self.pending = []
-        return {**metrics, "critic/examples": float(len(examples)), "critic/updates": float(self.updates)}
+        return self.critic.metrics({**metrics, "examples": float(len(examples)), "updates": float(self.updates)})
 
     def _judgement_metrics(self, record: StepRecord, matched: list, truth: list[bool]) -> dict[str, float]:
         verdicts = [m["verdict"] if m is not None else (v[0] if v else None)
@@ -281,9 +291,9 @@ class CriticEnvironment:
         lengths = [len(m["completion_ids"]) for m in matched if m is not None]
         metrics = {}
         if known:
-            metrics["critic/verdict_acc"] = sum(v is t for v, t in known) / len(known)
+            metrics["verdict_acc"] = sum(v is t for v, t in known) / len(known)
         if lengths:
-            metrics["critic/feedback_len"] = sum(lengths) / len(lengths)
+            metrics["feedback_len"] = sum(lengths) / len(lengths)
         return metrics
 
     def _update(self) -> float:
@@ -301,18 +311,17 @@ class CriticEnvironment:
     def state_dict(self) -> dict:
         """Weights, optimizer, counters, pending examples and unmatched replies: what a resumed run needs
         to continue exactly (generation draws come from reply's seed)."""
-        return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                              "pending": self.pending, "stash": self.stash, "updates": self.updates,
-                              "steps_since_update": self.steps_since_update, "mode": self.mode})
+        return {**self.critic.state_dict(), **copy.deepcopy({
+            "pending": self.pending, "stash": self.stash, "updates": self.updates,
+            "steps_since_update": self.steps_since_update, "mode": self.mode})}
 
     def load_state_dict(self, state: dict) -> None:
         if state["mode"] != self.mode:
             raise ConfigError(f"the checkpoint's critic was trained with interaction.critic.train={state['mode']}, "
                               f"this run sets {self.mode}: resume with the same setting")
-        state = copy.deepcopy(state)
-        self.model.load_state_dict(state["model"])
+        self.critic.load_state_dict(state)
         self.engine.load_weights(self.model.named_parameters())
-        self.optimizer.load_state_dict(state["optimizer"])
+        state = copy.deepcopy(state)
         self.pending, self.stash = state["pending"], state["stash"]
         self.updates, self.steps_since_update = state["updates"], state["steps_since_update"]
 
@@ -323,39 +332,27 @@ class CriticEnvironment:
 # ---------------------------------------------------------------------- training modes
 def _sft_update(env: CriticEnvironment, examples: list[dict]) -> float:
     """critic.sft_steps SFT steps on batches drawn from `examples` ({"prompt", "target"} texts)."""
-    items = [TaskItem(e["prompt"], e["target"], e["target"]) for e in examples]
     if env.config.sft_steps == 0:
         return float("nan")
-    return sft_loop(env.model, env.tokenizer, env.optimizer, items, batch_size=env.config.batch_size,
-                    seed=env.update_seed(), device=torch.device("cpu"), max_steps=env.config.sft_steps).loss
+    return env.critic.sft_update(env.tokenizer, examples, batch_size=env.config.batch_size,
+                                 steps=env.config.sft_steps, seed=env.update_seed())
+
+
+def rl_algorithm(c: DictConfig) -> DictConfig:
+    """The critic's RL settings as the algorithm section the policy-gradient objective reads."""
+    return OmegaConf.structured(AlgorithmConfig(name="critic_llm", advantage=c.advantage, policy_loss=c.policy_loss,
+                                                clip_low=c.clip_low, clip_high=c.clip_high,
+                                                aggregation=c.loss_agg_mode))
 
 
 def _rl_update(env: CriticEnvironment, examples: list[dict]) -> float:
     """critic.rl_steps policy-gradient steps on `examples` (feedback ids, sampler logprobs, reward): the
     registered advantage over the whole batch as one group (a batch-mean baseline), the registered
-    policy loss on random minibatches of critic.batch_size."""
+    policy loss on random minibatches of critic.batch_size (`SecondModel.rl_update`)."""
     c = env.config
-    batch = collate([e["prompt_ids"] for e in examples], [e["completion_ids"] for e in examples],
-                    env.tokenizer.pad_token_id, sampler_logprobs=[e["logprobs"] for e in examples])
-    mask = batch["response_mask"]
-    token_rewards = torch.zeros_like(mask)     # the outcome reward on each feedback's last token
-    token_rewards[torch.arange(len(batch)), (mask.sum(-1).long() - 1).clamp(min=0)] = torch.tensor(
-        [e["reward"] for e in examples], dtype=mask.dtype)
-    batch["advantages"], _ = ADVANTAGE_ESTIMATORS.call(c.advantage, token_rewards, mask,
-                                                       torch.zeros(len(batch), dtype=torch.long), adv_eps=1e-6)
-    gen, loss = torch.Generator().manual_seed(env.update_seed()), float("nan")
-    env.model.train()
-    for _ in range(c.rl_steps):
-        mb = batch.index(torch.randperm(len(batch), generator=gen)[: c.batch_size])
-        logp = token_logprobs(completion_logits(env.model, mb, c.temperature), mb["completion_ids"])
-        loss_mat, _ = POLICY_LOSSES.call(c.policy_loss, logp, mb["sampler_logprobs"], mb["advantages"],
-                                         mb["response_mask"], clip_low=c.clip_low, clip_high=c.clip_high)
-        step_loss = aggregate(loss_mat, mb["response_mask"], c.loss_agg_mode)
-        env.optimizer.zero_grad(set_to_none=True)
-        step_loss.backward()
-        env.optimizer.step()
-        loss = step_loss.item()
-    return loss
+    return env.critic.rl_update(examples, rl_algorithm(c), pad_id=env.tokenizer.pad_token_id,
+                                batch_size=c.batch_size, steps=c.rl_steps, seed=env.update_seed(),
+                                temperature=c.temperature)
 
 
 @CRITIC_TRAINING.register("frozen", learns=False)

@@ -1,0 +1,16 @@
+"""Second models: every model other than the policy that the lab builds and trains beside it.
+
+    base.SecondModel       the shared piece: a model with its own optimizer (grpo_lab.learner.trainable),
+                           its SFT step (the warm-up's loop), its RL step (the policy-gradient objective the
+                           actor trains with), its state for checkpoints and its own metric prefix
+    critic_llm             the critic LLM that writes the actor's feedback (interaction=critic; metrics
+                           under critic_llm/), registered in grpo_lab.interaction.ENVIRONMENTS
+
+Each is built like the policy (grpo_lab.models.build_model_dir, cached warm-ups) and checkpointed with
+the run; none writes an optimizer loop of its own.
+"""
+
+from grpo_lab.second_models import critic_llm  # noqa: F401  (registers the critic LLM environment)
+from grpo_lab.second_models.base import SecondModel
+
+__all__ = ["SecondModel", "critic_llm"]
