@@ -8,6 +8,7 @@ One registry per concept; dispatch by name only through them:
     AGGREGATIONS          token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm
     PREFERENCE_LOSSES     dpo, ipo
     PAIRINGS              best_worst, all_pairs
+    RANKING_LOSSES        bradley_terry, plackett_luce   (reward models: scalar scores of ranked completions)
 """
 
 from .advantages import (
@@ -40,6 +41,7 @@ from .preference import (
     ipo_loss,
     sequence_logps,
 )
+from .ranking import RANKING_LOSSES, bradley_terry_loss, plackett_luce_loss
 from .shaping import (
     best_of_group_mask,
     ema_reward_normalize,
@@ -57,7 +59,10 @@ __all__ = [
     "PAIRINGS",
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
+    "RANKING_LOSSES",
     "aggregate",
+    "bradley_terry_loss",
+    "plackett_luce_loss",
     "best_of_group_mask",
     "clipped_surrogate",
     "clipped_value_loss",
