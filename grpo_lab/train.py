@@ -40,7 +40,7 @@ from grpo_lab.learner.learner import release_freed_host_memory
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
 from grpo_lab.memory_plan import plan_memory
 from grpo_lab.objectives import OBJECTIVES
-from grpo_lab.phases import RewardNormalizer, RolloutPipeline, rollout_metrics, to_learner_batch
+from grpo_lab.sampling import RewardNormalizer, RolloutPipeline, rollout_metrics, to_learner_batch
 from grpo_lab.progress import heartbeat
 from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.run_setup import log_initial_eval, open_recorder, record_outcome, start_run
