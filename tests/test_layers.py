@@ -46,6 +46,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     # above the run services; grpo_lab.config imports it, which registers it.
     ("learning environments", ["grpo_lab.interaction.critic"]),
     ("config", ["grpo_lab.config"]),
+    ("launch", ["grpo_lab.launch"]),                     # Hydra, run directory, resume, refusal; given the loop
     ("entry point", ["grpo_lab.train"]),
     ("report", ["grpo_lab.report"]),
     ("tables", ["grpo_lab.tables"]),
