@@ -198,7 +198,7 @@ class DirSnapshot:
                     f.truncate(self.logs[p])
 
 
-# Run directories whose launch was refused in this process (train.run marks them; train.main restores
+# Run directories whose launch was refused in this process (launch.run marks them; launch.main restores
 # their snapshot once Hydra has exited).
 REFUSED: set[Path] = set()
 

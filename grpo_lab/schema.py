@@ -453,7 +453,7 @@ class TrainerConfig:
     samples_per_log: int = 8
     # How many updates the sampler may run ahead of the learner: 0 = synchronous (sample, learn, push;
     # the default and what the paper tables use); 1 = the engine samples step k+1 while the learner
-    # trains on step k, from weights at most one update old (grpo_lab/phases.py: RolloutPipeline).
+    # trains on step k, from weights at most one update old (grpo_lab/sampling.py: RolloutPipeline).
     max_staleness: int = 0
     # Steps whose rewards, loss or gradient norm are not finite are skipped (no optimizer step, counted
     # as actor/skipped_steps); the run fails once more than this many were skipped.

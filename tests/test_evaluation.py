@@ -13,7 +13,7 @@ from grpo_lab.evaluation import evaluate
 from grpo_lab.learner.trainable import TrainableModel
 from grpo_lab.warmup import SFTProgress, sft_loop
 from grpo_lab.models import MODEL_BUILDERS
-from grpo_lab.phases import evaluate as phases_evaluate
+from grpo_lab.evaluation import evaluate as phases_evaluate
 from grpo_lab.tasks.base import TaskItem
 
 

@@ -75,7 +75,7 @@ def test_turn_reward_options_by_hand():
 
 
 def test_reward_phase_scores_every_actor_turn():
-    from grpo_lab.phases import reward_phase
+    from grpo_lab.sampling import reward_phase
 
     rollout = Rollout([[1], [1]], [[4], [4]], [[0.0], [0.0]], ["-28", "-30"], [0, 0], [False, False],
                       loss_masks=[[1], [1]], turns=[["-30", "wrong: too low", "-28"], ["-28", "wrong", "-30"]],
@@ -244,7 +244,7 @@ def test_environment_tokens_are_masked_and_actor_logprobs_match_a_fresh_forward(
 
     from grpo_lab.learner.learner import Learner
     from grpo_lab.objectives import OBJECTIVES
-    from grpo_lab.phases import RewardNormalizer, ScoredRollout, to_learner_batch
+    from grpo_lab.sampling import RewardNormalizer, ScoredRollout, to_learner_batch
 
     model_dir = MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet=CHARS, seed=0)
     tok = AutoTokenizer.from_pretrained(str(model_dir))

@@ -36,7 +36,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("rewards", ["grpo_lab.rewards"]),                   # the LLM judge builds a model and an engine
     ("tasks", ["grpo_lab.tasks"]),
     ("interaction", ["grpo_lab.interaction"]),           # multi-turn environments and rollouts
-    ("loop phases", ["grpo_lab.evaluation", "grpo_lab.phases"]),
+    ("loop phases", ["grpo_lab.evaluation", "grpo_lab.sampling"]),
     ("objectives", ["grpo_lab.objectives"]),
     ("learner", ["grpo_lab.learner.learner"]),
     ("plans and checks", ["grpo_lab.memory_plan", "grpo_lab.validation_io", "grpo_lab.cpu_placement"]),
@@ -46,6 +46,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     # so they sit above the run services; grpo_lab.config imports them, which registers the critic LLM.
     ("second models", ["grpo_lab.second_models"]),
     ("config", ["grpo_lab.config"]),
+    ("launch", ["grpo_lab.launch"]),                     # Hydra, run directory, resume, refusal; given the loop
     ("entry point", ["grpo_lab.train"]),
     ("report", ["grpo_lab.report"]),
     ("tables", ["grpo_lab.tables"]),

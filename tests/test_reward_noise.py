@@ -98,7 +98,7 @@ def test_a_prompt_keeps_its_judge_bias_across_steps_of_a_run():
     gets the same bias, from the run's seed; the per-sample draws still follow the rollout's seed."""
     from omegaconf import OmegaConf
 
-    from grpo_lab.phases import noisy_rewards
+    from grpo_lab.sampling import noisy_rewards
     from grpo_lab.rollout import Rollout
     from grpo_lab.tasks.base import TaskItem
 

@@ -92,7 +92,7 @@ class Objective:
     def make_sampler(self, cfg, engine, tokenizer, train_items: list, environment=None):
         """Where a step's sequences come from: by default the engine's groups of G samples per prompt
         (G conversations per prompt with a multi-turn `environment`, grpo_lab.interaction)."""
-        from grpo_lab.phases import GroupSampler, PromptStream
+        from grpo_lab.sampling import GroupSampler, PromptStream
 
         return GroupSampler(engine, tokenizer, PromptStream(train_items, cfg.seed), cfg, seed=cfg.seed,
                             environment=environment)

@@ -24,7 +24,7 @@ from grpo_lab.algos import PAIRINGS, PREFERENCE_LOSSES, sequence_logps
 from grpo_lab.learner.batch import encode_prompt, encode_target, pair_batch
 from grpo_lab.registry import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
-from grpo_lab.phases import GroupSampler, PromptStream, ScoredRollout
+from grpo_lab.sampling import GroupSampler, PromptStream, ScoredRollout
 from grpo_lab.rewards.noise import flip_pairs
 from grpo_lab.rollout import Rollout
 from grpo_lab.tasks.local_dataset import read_jsonl

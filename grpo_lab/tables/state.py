@@ -35,7 +35,7 @@ OWNER_FILE = "owner.json"
 LAUNCH_FILE = "table_launch.json"
 DONE, RUNNING, INTERRUPTED, FAILED, TODO = "done", "running", "interrupted", "failed", "to do"
 STATES = (DONE, RUNNING, INTERRUPTED, FAILED, TODO)
-# The errors a run records when a signal ends it (train.py turns SIGTERM into SystemExit(143)).
+# The errors a run records when a signal ends it (launch.py has SIGTERM raise SystemExit(143): run_guard).
 SIGNAL_ERRORS = ("SystemExit", "KeyboardInterrupt")
 
 

@@ -1,8 +1,13 @@
-"""The phases of one RL step, each a short function the train loop calls in order:
+"""The sampling pipeline of one RL step: prompts -> rollout -> rewards -> dynamic sampling -> the
+learner's batch. The train loop takes each step's scored rollouts from here and does the rest:
 
-    prompts ─▶ rollout_phase ─▶ reward_phase ─▶ (collect_phase: DAPO dynamic sampling)
-            ─▶ to_learner_batch ─▶ Learner.score ─▶ objective.prepare ─▶ Learner.update ─▶ sync
-    and evaluate() for greedy held-out accuracy.
+    PromptStream ─▶ rollout_phase ─▶ reward_phase      (GroupSampler: one round of k prompts × G)
+                 ─▶ collect_phase (DAPO dynamic sampling: rounds until enough informative groups)
+                 ─▶ to_learner_batch
+    RolloutPipeline runs sample_step for the loop, synchronously or one step ahead (max_staleness=1);
+    RewardNormalizer and rollout_metrics are the loop's reward EMA and rollout/ metrics. What follows
+    (Learner.score ─▶ objective.prepare ─▶ Learner.update ─▶ sync) is grpo_lab/train.py's; held-out
+    evaluation is grpo_lab/evaluation.py.
 
 No formula lives here: the math is in grpo_lab/algos, reached through its registries; what an
 objective does with a scored batch is in grpo_lab/objectives.
@@ -378,6 +383,3 @@ def rollout_metrics(scored: ScoredRollout) -> dict:
         "rollout/samples": float(len(scored.rollout)),
         **turn_metrics(scored),   # interaction/: first and final accuracy, wrong → right, ... (multi-turn only)
     }
-
-
-from grpo_lab.evaluation import evaluate  # noqa: E402,F401  (one evaluate, re-exported for callers of phases)

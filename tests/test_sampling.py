@@ -1,4 +1,4 @@
-"""The step phases around the math: group-size schedule, dynamic sampling's control flow, where the
+"""The sampling pipeline around the math: group-size schedule, dynamic sampling's control flow, where the
 scalar reward lands, overlong filtering, and preference pairing."""
 
 from types import SimpleNamespace as NS
@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 
 from grpo_lab.learner.batch import collate
 from grpo_lab.objectives import OBJECTIVES
-from grpo_lab.phases import (PromptStream, RewardNormalizer, ScoredRollout, collect_phase,
-                             group_size_at)
+from grpo_lab.sampling import (PromptStream, RewardNormalizer, ScoredRollout, collect_phase,
+                               group_size_at)
 from grpo_lab.rollout import Rollout
 
 ALGO = OmegaConf.create({
