@@ -13,7 +13,6 @@ from grpo_lab.evaluation import evaluate
 from grpo_lab.learner.trainable import TrainableModel
 from grpo_lab.warmup import SFTProgress, sft_loop
 from grpo_lab.models import MODEL_BUILDERS
-from grpo_lab.evaluation import evaluate as phases_evaluate
 from grpo_lab.tasks.base import TaskItem
 
 
@@ -31,10 +30,6 @@ class ScriptedEngine:
 
 TOKENIZER = SimpleNamespace(encode=lambda text, add_special_tokens=False: [ord(c) for c in text], bos_token_id=1)
 ITEMS = [TaskItem("1+1=", "2", "2"), TaskItem("2+2=", "4", "4"), TaskItem("3+3=", "6", "6")]
-
-
-def test_phases_reexports_the_one_evaluate():
-    assert phases_evaluate is evaluate
 
 
 def test_greedy_accuracy_and_lengths_by_hand():
