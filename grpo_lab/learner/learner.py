@@ -51,7 +51,6 @@ from grpo_lab.learner import distributed
 from grpo_lab.learner.batch import TensorBatch, completion_stats, prompt_groups
 from grpo_lab.learner.schedules import lr_factor
 from grpo_lab.learner.trainable import TrainableModel, load_causal_lm
-from grpo_lab.objectives import MinibatchPlan
 
 # Projections that inference engines fuse into one matrix (vLLM's `packed_modules_mapping` for
 # Llama / Qwen2 / Mistral: qkv_proj, gate_up_proj). vLLM reloads a fused layer as a whole, so when
@@ -372,10 +371,11 @@ class Learner:
                 # Skipped or not: what learner.skip_rows_without_gradient saves (or saved) of the learner's work.
                 "actor/rows_without_gradient_frac": silent_rows / (n * self.algo.epochs)}
 
-    def _accumulate_gradient(self, minibatch: TensorBatch, plan: MinibatchPlan, *,
+    def _accumulate_gradient(self, minibatch: TensorBatch, plan, *,
                              keep_logprobs: bool) -> tuple[MetricMean, list]:
         """Forward and backward of the micro-batches of `minibatch` this process trains on, so that the
-        policy's gradient is the whole minibatch's loss's. With learner.skip_rows_without_gradient the
+        policy's gradient is the whole minibatch's loss's. `plan` is the objective's MinibatchPlan
+        (grpo_lab/objectives/base.py). With learner.skip_rows_without_gradient the
         plan's rows without gradient are left out; the minibatch-wide normalisers still count them, so the gradient is
         the same sum. Returns the metrics (weighted by rows) and, with keep_logprobs (one optimizer step
         per batch: this forward ran at the sampling weights), (minibatch rows, detached token logprobs)
@@ -398,7 +398,7 @@ class Learner:
             distributed.merge_metric_means(metrics)   # the whole minibatch's metrics on every rank
         return metrics, logprobs
 
-    def _minibatch_norms(self, minibatch: TensorBatch, plan: MinibatchPlan) -> dict:
+    def _minibatch_norms(self, minibatch: TensorBatch, plan) -> dict:
         """Minibatch-wide normalisers (tokens, sequences, the generation budget, and the objective's
         own): with them, summing the micro-batches' losses gives exactly the full minibatch's loss."""
         mask = minibatch["loss_mask"]
