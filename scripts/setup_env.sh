@@ -29,6 +29,7 @@ command -v "$PY" >/dev/null || PY=python3
 choice=$("$PY" -I scripts/choose_stack.py) || exit
 stack=${choice%%$'\n'*}
 why=${choice#*$'\n'}
+case "$stack" in cpu|cuda) ;; *) echo "setup_env: scripts/choose_stack.py named no stack: $choice" >&2; exit 2 ;; esac
 want=$(stamp_of "$stack")
 run() { if [ "$dry" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 if [ "$dry" = 1 ]; then

@@ -81,6 +81,17 @@ def test_bad_override_is_refused_with_the_valid_ones(bad):
         choose_stack.choose(bad, must_not_probe)
 
 
+def test_main_prints_the_stack_then_why_and_refuses_a_bad_override(monkeypatch, capsys):
+    monkeypatch.setenv("GRPO_LAB_STACK", "cuda")
+    assert choose_stack.main() == 0
+    assert capsys.readouterr().out == ("cuda\nGRPO_LAB_STACK=cuda -> cuda stack (requirements-cuda.lock); "
+                                       "unset it to pick by GPU\n")
+    monkeypatch.setenv("GRPO_LAB_STACK", "gpu")
+    assert choose_stack.main() == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "setup_env: GRPO_LAB_STACK='gpu' is not a stack: use cpu or cuda" in out.err
+
+
 # -- the probe, its inputs faked ---------------------------------------------------------------------------
 
 
@@ -142,9 +153,20 @@ def repo_copy(tmp_path):
     return root
 
 
-def setup_env(root, tmp_path, stack=None, smi=None, dry=True, gpus=None, python=sys.executable):
+def guarded_python(tmp_path):
+    """A PYTHON that runs scripts/choose_stack.py and refuses anything else (making a venv): no run of
+    setup_env.sh here, even of a broken one, can start a set-up."""
+    (py := tmp_path / "python-guarded").write_text(
+        f"#!/bin/sh\n[ \"$2\" = scripts/choose_stack.py ] && exec '{sys.executable}' \"$@\"\n"
+        f"touch '{tmp_path}/set-up-started'\nexit 4\n")
+    py.chmod(0o755)
+    return py
+
+
+def setup_env(root, tmp_path, stack=None, smi=None, dry=True, gpus=None, python=None):
     """Run the copy's setup_env.sh with nvidia-smi faked (None: one that prints no GPU and fails, as without a
     driver; "absent": none on PATH) and the driver folder at `gpus` (default: an empty one)."""
+    python = python or guarded_python(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("GRPO_LAB_STACK", "STACK")}
     path = [d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "nvidia-smi").exists()]
     if smi != "absent":
@@ -184,7 +206,7 @@ def test_setup_without_a_gpu_runs_todays_cpu_commands(repo_copy, tmp_path):
     proc = setup_env(repo_copy, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("no NVIDIA GPU found (nvidia-smi -L exited 9: NVIDIA-SMI has failed")
-    assert commands(proc.stdout) == [f"{sys.executable} -m venv .venv", *CPU_COMMANDS]
+    assert commands(proc.stdout) == [f"{tmp_path}/python-guarded -m venv .venv", *CPU_COMMANDS]
     assert not (repo_copy / ".venv").exists()
 
 
@@ -201,6 +223,7 @@ def test_setup_refuses_a_bad_override_before_anything(repo_copy, tmp_path):
     assert proc.returncode == 2
     assert "GRPO_LAB_STACK='gpu' is not a stack: use cpu or cuda" in proc.stderr
     assert proc.stdout == "" and not (repo_copy / ".venv").exists()
+    assert not (tmp_path / "set-up-started").exists()
 
 
 def test_stamp_names_the_stack_and_a_switch_recreates_the_venv(repo_copy, tmp_path):
