@@ -10,8 +10,8 @@ export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
 
-venv: ## Create .venv from requirements.txt (+ lock) if missing or out of date
-	@bash scripts/setup_env.sh
+venv: ## Create .venv if missing or out of date: cuda stack with an NVIDIA GPU, else cpu (STACK=cpu|cuda forces one)
+	@$(if $(STACK),GRPO_LAB_STACK=$(STACK) )bash scripts/setup_env.sh
 
 run: venv ## Default experiment: build tiny model, warm-up SFT (cached), GRPO with vLLM, before/after table
 	$(PY) -m grpo_lab.train $(ARGS)

