@@ -1,4 +1,6 @@
-"""The experiments in conf/experiment are short deltas over the config groups (model, task, rollout, learner)."""
+"""The experiments in conf/experiment are short deltas over the config groups (model, task, rollout, learner),
+and a run launched over several processes refuses a learner.num_devices that is not torchrun's world size
+(the memory plan shards over learner.num_devices; the processes are what the learner shards over)."""
 
 from pathlib import Path
 
@@ -7,6 +9,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from grpo_lab.config import finalize, register_configs, validate
+from grpo_lab.schema import ConfigError
 
 register_configs()
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -62,3 +65,29 @@ def test_a_task_from_the_shell_replaces_the_recipes_task():
     assert (cfg.task.source, cfg.task.name, cfg.task.path) == ("reasoning_gym", "gcd", None)
     assert make(["experiment=gpu_tasks"]).task.name == "math_l3to5"
 
+
+def tiny(num_devices: int, *extra: str):
+    return make(["rollout=hf", f"learner.num_devices={num_devices}", *extra])
+
+
+def test_num_devices_other_than_torchruns_world_size_is_refused_naming_both(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError) as err:
+        validate(tiny(8))
+    assert ("learner.num_devices=8 but torchrun started 4 processes (WORLD_SIZE=4): launch with NPROC=8 "
+            "(torchrun --nproc_per_node 8") in str(err.value) and "or set learner.num_devices=4" in str(err.value)
+    validate(tiny(4))                                   # agreement passes
+    # The GPU recipe as its old launch line started it: 4 processes for a recipe planned over 8 GPUs.
+    with pytest.raises(ConfigError, match=r"learner.num_devices=8 but torchrun started 4 processes"):
+        validate(make(["experiment=gpu_algorithms"]))
+    validate(make(["experiment=gpu_algorithms"]), machine=False)   # composed off the machine: not checked
+
+
+def test_fsdp2_without_torchrun_counts_one_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match=r"learner.num_devices=2 but this is one process \(WORLD_SIZE unset"):
+        validate(tiny(2, "learner.strategy=fsdp2"))
+    validate(tiny(1, "learner.strategy=fsdp2"))
+    validate(tiny(2))           # one process, strategy single: not a torchrun launch, not checked
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    validate(tiny(1, "learner.strategy=fsdp2"))
