@@ -17,7 +17,7 @@ run: venv ## Default experiment: build tiny model, warm-up SFT (cached), GRPO wi
 	$(PY) -m grpo_lab.train $(ARGS)
 
 NPROC ?= 2
-run-fsdp: venv ## Learner sharded with FSDP2 over NPROC processes (torchrun; gloo on CPU, NCCL on GPU): make run-fsdp NPROC=2 ARGS=...
+run-fsdp: venv ## Learner sharded with FSDP2 over NPROC processes (torchrun; gloo on CPU, NCCL on GPU; learner.num_devices must equal NPROC): make run-fsdp NPROC=2 ARGS="learner.num_devices=2 ..."
 	.venv/bin/torchrun --nproc_per_node $(NPROC) -m grpo_lab.train learner.strategy=fsdp2 $(ARGS)
 
 run-smollm2: venv ## SmolLM2-135M-Instruct, chat template, chain_sum questions, vLLM rollouts, LoRA (conf/experiment/smollm2_chain_sum.yaml; ARGS: seed=1 ...)

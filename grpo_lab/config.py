@@ -76,8 +76,8 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     for bad in _non_finite_floats(OmegaConf.to_container(cfg, resolve=True)):
         errors.append(f"{bad} is not a finite number; set it to a finite value")
     cfg = _check_group_size_schedule(cfg, errors)
-    for check in (_check_algorithm, _check_model, _check_rollout, _check_learner, _check_learner_scale,
-                  _check_trainer, _check_logger_and_warmup, _check_interaction):
+    for check in (_check_algorithm, _check_model, _check_rollout, _check_learner, _check_world_size,
+                  _check_learner_scale, _check_trainer, _check_logger_and_warmup, _check_interaction):
         check(cfg, errors, machine)
     # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
     # task splits and the task source's own settings
@@ -214,6 +214,19 @@ def _check_learner(cfg: DictConfig, errors: list[str], machine: bool) -> None:
                    f"learner.strategy=fsdp2 with learner.device=cuda needs a GPU per torchrun rank: {ranks_here} "
                    f"ranks on this machine but {torch.cuda.device_count()} GPU(s); lower NPROC "
                    "(torchrun --nproc_per_node) or set learner.device=cpu", errors)
+
+
+def _check_world_size(cfg: DictConfig, errors: list[str], machine: bool) -> None:
+    """learner.num_devices (what the memory plan shards over) must be the number of processes torchrun
+    started (WORLD_SIZE; 1 without torchrun), checked under torchrun or learner.strategy=fsdp2, on the machine."""
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    n = cfg.learner.num_devices
+    if not machine or (world <= 1 and cfg.learner.get("strategy", "single") != "fsdp2") or n == world:
+        return
+    started = (f"torchrun started {world} process{'es' if world != 1 else ''} (WORLD_SIZE={world})"
+               if "WORLD_SIZE" in os.environ else "this is one process (WORLD_SIZE unset: not launched by torchrun)")
+    errors.append(f"learner.num_devices={n} but {started}: launch with NPROC={n} (torchrun --nproc_per_node {n}; "
+                  f"over several nodes, nodes x processes per node = {n}) or set learner.num_devices={world}")
 
 
 def _check_learner_scale(cfg: DictConfig, errors: list[str], machine: bool) -> None:

@@ -26,8 +26,24 @@ def choices(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+# The GPU recipes' groups (conf/experiment/gpu_*.yaml) compose with one another, not with the tiny CPU
+# default: each is checked among the others, off this machine (no CUDA, /models or /data here).
+GPU_CONTEXT = {"model": "qwen2_5_math_7b", "task": "math_l3to5", "rollout": "vllm_gpu", "learner": "fsdp_bf16",
+               "learner.num_devices": 4}
+GPU_CHOICES = {("model", "qwen2_5_math_7b"): {}, ("model", "deepseek_math_7b_instruct"): {},
+               ("model", "qwen2_5_32b"): {"learner.num_devices": 32}, ("task", "math_l3to5"): {}, ("task", "math"): {},
+               ("task", "gsm8k_math"): {}, ("rollout", "vllm_gpu"): {}, ("learner", "fsdp_bf16"): {},
+               ("task", "dapo_math_17k"): {"model": "qwen2_5_32b", "learner.num_devices": 32,
+                                           "rollout.max_model_len": 22528, "learner.max_tokens_per_micro_batch": 22528}}
+
+
 @pytest.mark.parametrize("group,choice", [(g, c) for g in GROUPS for c in choices(g)])
 def test_every_group_choice_composes_and_validates(group, choice):
+    if (group, choice) in GPU_CHOICES:
+        cfg = make([f"{k}={v}" for k, v in {**GPU_CONTEXT, group: choice, **GPU_CHOICES[group, choice]}.items()])
+        validate(cfg, machine=False)
+        assert cfg.run_name == derive_run_name(cfg)
+        return
     extra = {("model", "pretrained"): ["model.path=/models/any"],
              # The tiny model's 64 x 256-token micro-batch is 38 GB for SmolLM2 by the memory plan
              # (fp32 activations + four copies of 49k-vocabulary logits): more than this machine has.

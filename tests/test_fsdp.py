@@ -134,8 +134,8 @@ def test_fsdp_train_run_two_steps(tmp_path):
     writes the run (finite metrics, a checkpoint with its DCP shards); nothing else writes. About 50 s
     here (not marked slow: under a minute)."""
     run_dir = tmp_path / "run"
-    proc = torchrun(["-m", "grpo_lab.train", "learner.strategy=fsdp2", "rollout=hf", "logger=none",
-                     "warmup.max_steps=0", "trainer.total_steps=2", "trainer.prompts_per_step=4",
+    proc = torchrun(["-m", "grpo_lab.train", "learner.strategy=fsdp2", "learner.num_devices=2", "rollout=hf",
+                     "logger=none", "warmup.max_steps=0", "trainer.total_steps=2", "trainer.prompts_per_step=4",
                      "rollout.group_size=4", "trainer.eval_every=0", "task.train_size=200", "task.dev_size=20",
                      "task.test_size=20", "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}",
                      f"cache_dir={tmp_path / 'cache'}"], timeout=600)

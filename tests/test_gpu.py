@@ -174,11 +174,12 @@ def test_fsdp2_over_nccl_runs_two_steps_and_checkpoints(tmp_path):
     from test_fsdp import torchrun
 
     run_dir = tmp_path / "run"
+    nproc = min(2, torch.cuda.device_count())
     proc = torchrun(["-m", "grpo_lab.train", "learner.strategy=fsdp2", "learner.device=cuda", "rollout=hf",
-                     "logger=none", "warmup.max_steps=0", "trainer.total_steps=2", "trainer.prompts_per_step=4",
-                     "rollout.group_size=4", "trainer.eval_every=0", "task.train_size=200", "task.dev_size=20",
-                     "task.test_size=20", "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}",
-                     f"cache_dir={tmp_path / 'cache'}"], timeout=600, nproc=min(2, torch.cuda.device_count()))
+                     f"learner.num_devices={nproc}", "logger=none", "warmup.max_steps=0", "trainer.total_steps=2",
+                     "trainer.prompts_per_step=4", "rollout.group_size=4", "trainer.eval_every=0",
+                     "task.train_size=200", "task.dev_size=20", "task.test_size=20", "trainer.checkpoint_every=2",
+                     f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"], timeout=600, nproc=nproc)
     lines = read_metrics(run_dir)
     assert [line["step"] for line in lines] == [0, 1, 2, 2], proc.stdout[-2000:]
     assert_finite_metrics(lines)
