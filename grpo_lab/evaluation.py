@@ -1,4 +1,5 @@
-"""Held-out evaluation: one function for the RL loop, the warm-up SFT and the SFT control.
+"""Held-out evaluation: one function (`evaluate`) for the RL loop, the warm-up SFT and the SFT control, and
+a run's `Evaluator`, its settings read once from the run's sections.
 
 Greedy by default (temperature 0: the number every table reports); sampled when temperature > 0
 (the warm-up's stopping signal: greedy accuracy runs far ahead of what sampled rollouts see, so a
@@ -7,7 +8,9 @@ warm-up stopped on greedy accuracy leaves RL a policy whose samples are mostly w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 from grpo_lab.interaction import multi_turn_rollout
 from grpo_lab.interaction.rewards import conversation_metrics
@@ -79,19 +82,42 @@ def _evaluate_conversations(engine, tokenizer, items: list, environment, *, max_
                                           "eval/revision_gain")}}
 
 
-def evaluate_held_out(engine, tokenizer, items: list, cfg, *, step: int, samples: list | None = None,
-                      max_samples: int = 0, environment=None) -> dict:
-    """A run's held-out evaluation (RL loop and SFT control alike): greedy accuracy and lengths, plus with
-    trainer.eval_sampled_k = k > 0 the mean accuracy of k samples per item at rollout.temperature
-    (eval/sampled_accuracy, mean@k; DAPO reports avg@32), seeded by run seed and step so that rows of a
-    table sharing a seed share the random numbers too."""
-    turns = ({"environment": environment, "max_turns": cfg.interaction.max_turns,
-              "max_model_len": cfg.rollout.max_model_len} if environment is not None else {})
-    metrics = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens, samples=samples,
-                       max_samples=max_samples, **turns)
-    k = cfg.trainer.get("eval_sampled_k", 0)
-    if k:
-        sampled = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens,
-                           temperature=cfg.rollout.temperature, n=k, seed=cfg.seed * 1_000_003 + step, **turns)
-        metrics["eval/sampled_accuracy"] = sampled["eval/accuracy"]
-    return metrics
+@dataclass
+class Evaluator:
+    """A run's held-out evaluation with its settings read once (RL loop and SFT control alike): greedy
+    accuracy and lengths of `engine` on `items`, plus with `sampled_k` = k > 0 (trainer.eval_sampled_k)
+    the mean accuracy of k samples per item at `temperature` (eval/sampled_accuracy, mean@k; DAPO reports
+    avg@32), seeded by run seed and step so that rows of a table sharing a seed share the random numbers
+    too. With a multi-turn `environment`, every item is a conversation of up to `max_turns` answers
+    within `max_model_len` tokens."""
+
+    engine: Any
+    tokenizer: Any
+    items: list
+    max_new_tokens: int
+    temperature: float
+    sampled_k: int
+    seed: int
+    environment: Any = None
+    max_turns: int = 1
+    max_model_len: int | None = None
+
+    @classmethod
+    def of(cls, engine, tokenizer, items: list, *, rollout, trainer, interaction, seed: int,
+           environment=None) -> "Evaluator":
+        """From the run's rollout, trainer and interaction sections."""
+        return cls(engine, tokenizer, items, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+                   sampled_k=trainer.eval_sampled_k, seed=seed, environment=environment,
+                   max_turns=interaction.max_turns, max_model_len=rollout.max_model_len)
+
+    def __call__(self, *, step: int, samples: list | None = None, max_samples: int = 0) -> dict:
+        turns = ({"environment": self.environment, "max_turns": self.max_turns, "max_model_len": self.max_model_len}
+                 if self.environment is not None else {})
+        metrics = evaluate(self.engine, self.tokenizer, self.items, max_new_tokens=self.max_new_tokens,
+                           samples=samples, max_samples=max_samples, **turns)
+        if self.sampled_k:
+            sampled = evaluate(self.engine, self.tokenizer, self.items, max_new_tokens=self.max_new_tokens,
+                               temperature=self.temperature, n=self.sampled_k, seed=self.seed * 1_000_003 + step,
+                               **turns)
+            metrics["eval/sampled_accuracy"] = sampled["eval/accuracy"]
+        return metrics

@@ -5,6 +5,9 @@ The control answers "does RL beat spending the same compute on more SFT?" only i
 RL runs start and computes with what their learner computes with. Both therefore begin with
 `start_run`: the same seed, the same learner thread count (`learner_threads`, the trainer's rule for
 learner.num_threads=null), the same device, task, cached model + warm-up checkpoint and tokenizer.
+
+An RL run goes on with `assemble`: every part of the run (learner, engine, environment, sampling pipeline,
+objective, evaluator) built once from its own section of the config, so the loop reads no config at all.
 """
 
 from __future__ import annotations
@@ -13,13 +16,23 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 from transformers import AutoTokenizer
 
+from grpo_lab import checkpoint
+from grpo_lab.backends import TRAINER_BACKENDS
+from grpo_lab.cpu_placement import engine_cores, plan_placement
+from grpo_lab.evaluation import Evaluator
+from grpo_lab.interaction import build_environment, message_alphabet, reference_problem
+from grpo_lab.learner import distributed
+from grpo_lab.objectives import OBJECTIVES
+from grpo_lab.progress import heartbeat
+from grpo_lab.rollout import ROLLOUT_ENGINES
+from grpo_lab.sampling import RewardNormalizer, RolloutPipeline
 from grpo_lab.schema import ConfigError
-from grpo_lab.interaction import message_alphabet, reference_problem
 from grpo_lab.interaction.demos import revision_demos
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
@@ -28,7 +41,6 @@ from grpo_lab.warmup import warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.models import build_model_dir
 from grpo_lab.prompts import prepare_for_model
-from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.tasks import build_task
 
 
@@ -171,3 +183,93 @@ def record_outcome(recorder: RunRecorder, run: Callable[[], dict], summary: Call
         raise
     recorder.finish(status="completed", extra=summary(result))
     return result
+
+
+@dataclass
+class RunParts:
+    """What one RL run trains with, each part built once by `assemble` from its own config section: where
+    it starts, the learner, the rollout engine, the pipeline that samples each step's batch, the objective
+    with its algorithm section, the reward normalizer, the held-out evaluator, the trainer's budgets and
+    cadences, the multi-turn environment (None: single-turn) and, when resuming, the checkpoint's state."""
+    start: RunStart
+    learner: Any
+    engine: Any
+    pipeline: RolloutPipeline
+    objective: Any
+    algorithm: Any
+    normalizer: RewardNormalizer
+    evaluator: Evaluator
+    trainer: Any
+    seed: int
+    environment: Any = None
+    state: dict | None = None
+
+    @property
+    def tokenizer(self):
+        return self.start.tokenizer
+
+    def schedule_done(self, step: int, samples: int) -> bool:
+        t = self.trainer
+        return step >= t.total_steps or (t.total_samples is not None and samples >= t.total_samples)
+
+    def close(self) -> None:
+        """The pipeline (and its reward worker), the environment and the engine, however the run ends."""
+        self.pipeline.close()
+        if self.environment is not None:
+            self.environment.close()
+        self.engine.close()
+
+
+def start_learner(cfg: DictConfig, start: RunStart, resume_from: Path | None) -> tuple[Any, Any, dict | None]:
+    """(learner, engine builder, the checkpoint's state or None); a resumed learner loads its
+    checkpoint here, before the engine starts, so a bad checkpoint fails cheaply."""
+    # Where the learner and the engine run: this process (or torchrun ranks), or Ray actors (backends.py).
+    build_learner, build_engine = TRAINER_BACKENDS.get(cfg.trainer.backend)(cfg)
+    learner = build_learner(cfg, start.policy_dir, temperature=cfg.rollout.temperature, seed=cfg.seed,
+                            max_completion_len=cfg.rollout.max_new_tokens)
+    state = checkpoint.load(resume_from) if resume_from else None
+    if state:
+        learner.load_state(resume_from / "policy", state["learner"])
+    return learner, build_engine, state
+
+
+def start_engine(cfg: DictConfig, start: RunStart, build_engine: Any) -> Any:
+    """The rollout engine, on the cores the CPU placement gives it."""
+    t, device = cfg.trainer, start.device
+    if device.type == "cuda":   # vLLM checks free GPU memory at start; the warm-up's cached blocks would count
+        torch.cuda.empty_cache()
+    placement = plan_placement(t.cpu_placement, overlapped=t.max_staleness > 0, n_learner=start.threads,
+                               engine_own_process=ROLLOUT_ENGINES.fact(cfg.rollout.engine, "own_process"),
+                               engine_on_cpu=not torch.cuda.is_available(),
+                               spawns_engine=TRAINER_BACKENDS.fact(t.backend, "spawns_engine"),
+                               distributed=distributed.launched_distributed())
+    if placement:
+        print(f"cpu placement: learner on cores {list(placement.learner)}, engine on {list(placement.engine)} "
+              "(trainer.cpu_placement=shared: all cores to both)")
+    with engine_cores(placement), heartbeat(f"rollout engine: starting {cfg.rollout.engine} on {device} "
+                                            "(vLLM on a CPU: about a minute)"):
+        return build_engine(start.policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
+
+
+def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
+    """Every part of an RL run, each handed its own section of `cfg`; the loop (grpo_lab.train) then reads
+    no config. What was started before a later part failed is closed again."""
+    start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
+    learner, build_engine, state = start_learner(cfg, start, resume_from)
+    engine = start_engine(cfg, start, build_engine)
+    environment = None
+    try:
+        environment = build_environment(cfg, tokenizer=start.tokenizer, task=start.task)   # None: single-turn
+        objective = OBJECTIVES.get(cfg.algorithm.objective)
+        sampler = objective.make_sampler(cfg, engine, start.tokenizer, start.task.splits["train"], environment)
+        evaluator = Evaluator.of(engine, start.tokenizer, start.task.splits[cfg.trainer.eval_split],
+                                 rollout=cfg.rollout, trainer=cfg.trainer, interaction=cfg.interaction, seed=cfg.seed,
+                                 environment=environment)
+        return RunParts(start, learner, engine, RolloutPipeline(sampler, cfg, max_staleness=cfg.trainer.max_staleness),
+                        objective, cfg.algorithm, RewardNormalizer(cfg.algorithm.reward_ema_decay), evaluator,
+                        cfg.trainer, cfg.seed, environment, state)
+    except BaseException:
+        if environment is not None:
+            environment.close()
+        engine.close()
+        raise

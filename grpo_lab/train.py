@@ -1,6 +1,4 @@
-"""The RL loop, train(), and the phase helpers it calls. `python -m grpo_lab.train [overrides]` runs it
-(Hydra; `-m` sweeps): main() hands train to grpo_lab/launch.py, which owns launch, resume and refusal
-(the run directory, the config's checks before any model loads, the record of the outcome).
+"""The RL loop: `python -m grpo_lab.train [overrides]` (Hydra; `-m` sweeps).
 
 One step reads top to bottom as named phases:
 
@@ -9,9 +7,9 @@ One step reads top to bottom as named phases:
             ─▶ learner.update ─▶ push weights ─▶ metrics (rollout/, reward/, actor/, critic/, perf/, eval/)
             ─▶ metrics.jsonl + wandb ─▶ [resumable checkpoint every trainer.checkpoint_every steps]
 
-The loop owns no math (grpo_lab/algos), no objective (grpo_lab/objectives), no set-up (grpo_lab/run_setup,
-shared with the matched-compute SFT control), no sampling pipeline (grpo_lab/sampling) and no I/O format
-(grpo_lab/logging, grpo_lab/checkpoint).
+The loop owns no math (grpo_lab/algos), no objective (grpo_lab/objectives), no set-up and no config
+(grpo_lab/run_setup.assemble builds every part from its own section), no launch (grpo_lab/launch: Hydra,
+the run directory, resume, refusal) and no I/O format (grpo_lab/logging, grpo_lab/checkpoint).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 import torch
@@ -29,18 +26,12 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from grpo_lab import checkpoint, launch
-from grpo_lab.backends import TRAINER_BACKENDS
-from grpo_lab.cpu_placement import engine_cores, plan_placement
-from grpo_lab.evaluation import evaluate_held_out
-from grpo_lab.interaction import build_environment, step_record
-from grpo_lab.learner import distributed
+from grpo_lab.interaction import step_record
 from grpo_lab.learner.learner import release_freed_host_memory
 from grpo_lab.logging.recorder import RunRecorder
-from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.progress import heartbeat
-from grpo_lab.rollout import ROLLOUT_ENGINES
-from grpo_lab.run_setup import log_initial_eval, start_run
-from grpo_lab.sampling import RewardNormalizer, RolloutPipeline, rollout_metrics, to_learner_batch
+from grpo_lab.run_setup import RunParts, assemble, log_initial_eval
+from grpo_lab.sampling import rollout_metrics, to_learner_batch
 
 
 class NonFiniteError(RuntimeError):
@@ -70,22 +61,15 @@ class ProgressLine:
         self.bar.close()
 
 
-def schedule_done(cfg: DictConfig, step: int, samples: int) -> bool:
-    t = cfg.trainer
-    return step >= t.total_steps or (t.total_samples is not None and samples >= t.total_samples)
-
-
-def evaluate_and_log_samples(engine, tokenizer, items: list, cfg: DictConfig, recorder: RunRecorder, *,
-                             step: int, environment=None) -> dict:
-    """Held-out evaluation (grpo_lab.evaluation.evaluate_held_out; with a multi-turn `environment`,
-    first answer, its reply and the revision); its first trainer.samples_per_log greedy completions go
-    to samples.jsonl."""
+def evaluate_and_log_samples(evaluator, recorder: RunRecorder, *, step: int, samples_per_log: int) -> dict:
+    """Held-out evaluation (grpo_lab.evaluation.Evaluator: greedy, mean@k, and with a multi-turn
+    environment first answer, its reply and the revision); its first `samples_per_log` greedy completions
+    go to samples.jsonl."""
     rows: list[dict] = []
-    k = cfg.trainer.get("eval_sampled_k", 0)
-    with heartbeat(f"evaluation at step {step}: {len(items)} held-out items, greedy"
-                   f"{f' + {k} samples each' if k else ''}, up to {cfg.rollout.max_new_tokens} new tokens"):
-        metrics = evaluate_held_out(engine, tokenizer, items, cfg, step=step, samples=rows,
-                                    max_samples=cfg.trainer.samples_per_log, environment=environment)
+    k = evaluator.sampled_k
+    with heartbeat(f"evaluation at step {step}: {len(evaluator.items)} held-out items, greedy"
+                   f"{f' + {k} samples each' if k else ''}, up to {evaluator.max_new_tokens} new tokens"):
+        metrics = evaluator(step=step, samples=rows, max_samples=samples_per_log)
     recorder.log_samples(rows, step=step, kind="eval")
     return metrics
 
@@ -104,20 +88,6 @@ def host_tree_rss_gib(root: psutil.Process | None = None) -> float:
 
 
 @dataclass
-class RunParts:
-    """What one run trains with: the learner, the rollout engine, the pipeline that feeds it prompts,
-    the objective, the reward normalizer, the held-out items it is evaluated on, and the multi-turn
-    environment (None: single-turn)."""
-    learner: Any
-    engine: Any
-    pipeline: RolloutPipeline
-    objective: Any
-    normalizer: RewardNormalizer
-    eval_items: list
-    environment: Any = None
-
-
-@dataclass
 class LoopState:
     """The counters a checkpoint carries: steps and samples done, steps skipped as non-finite, the
     evaluation before training and the newest one (the progress line's "eval acc", also after a resume)."""
@@ -128,40 +98,10 @@ class LoopState:
     latest_eval: dict = field(default_factory=dict)
 
 
-def start_learner(cfg: DictConfig, start: Any, resume_from: Path | None) -> tuple[Any, Any, dict | None]:
-    """(learner, engine builder, the checkpoint's state or None); a resumed learner loads its
-    checkpoint here, before the engine starts, so a bad checkpoint fails cheaply."""
-    # Where the learner and the engine run: this process (or torchrun ranks), or Ray actors (backends.py).
-    build_learner, build_engine = TRAINER_BACKENDS.get(cfg.trainer.backend)(cfg)
-    learner = build_learner(cfg, start.policy_dir, temperature=cfg.rollout.temperature, seed=cfg.seed,
-                            max_completion_len=cfg.rollout.max_new_tokens)
-    state = checkpoint.load(resume_from) if resume_from else None
-    if state:
-        learner.load_state(resume_from / "policy", state["learner"])
-    return learner, build_engine, state
-
-
-def start_engine(cfg: DictConfig, start: Any, build_engine: Any) -> Any:
-    """The rollout engine, on the cores the CPU placement gives it."""
-    t, device = cfg.trainer, start.device
-    if device.type == "cuda":   # vLLM checks free GPU memory at start; the warm-up's cached blocks would count
-        torch.cuda.empty_cache()
-    placement = plan_placement(t.get("cpu_placement", "auto"), overlapped=t.max_staleness > 0, n_learner=start.threads,
-                               engine_own_process=ROLLOUT_ENGINES.fact(cfg.rollout.engine, "own_process"),
-                               engine_on_cpu=not torch.cuda.is_available(),
-                               spawns_engine=TRAINER_BACKENDS.fact(t.backend, "spawns_engine"),
-                               distributed=distributed.launched_distributed())
-    if placement:
-        print(f"cpu placement: learner on cores {list(placement.learner)}, engine on {list(placement.engine)} "
-              "(trainer.cpu_placement=shared: all cores to both)")
-    with engine_cores(placement), heartbeat(f"rollout engine: starting {cfg.rollout.engine} on {device} "
-                                            "(vLLM on a CPU: about a minute)"):
-        return build_engine(start.policy_dir, cfg.rollout, seed=cfg.seed, device=str(device))
-
-
-def begin(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, state: dict | None) -> LoopState:
-    """The loop's counters: restored with the engine's weights, pipeline, normalizer and RNG from a
-    checkpoint, or fresh after the evaluation before training."""
+def begin(run: RunParts, recorder: RunRecorder) -> LoopState:
+    """The loop's counters: restored with the engine's weights, pipeline, normalizer and RNG from the
+    checkpoint the run resumes from, or fresh after the evaluation before training."""
+    state = run.state
     if state:
         run.engine.load_weights(run.learner.weights_for_sync())
         run.pipeline.load_state_dict(state["pipeline"])
@@ -172,21 +112,20 @@ def begin(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, sta
         # Checkpoints written before the newest evaluation was kept carry only the one before training.
         return LoopState(state["step"], state["samples"], state["bad_steps"], state["before"],
                          state.get("latest_eval", state["before"]))
-    before = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=0,
-                                      environment=run.environment)
-    log_initial_eval(recorder, start, before)
+    before = evaluate_and_log_samples(run.evaluator, recorder, step=0, samples_per_log=run.trainer.samples_per_log)
+    log_initial_eval(recorder, run.start, before)
     return LoopState(before=before, latest_eval=before)
 
 
-def learn(cfg: DictConfig, run: RunParts, tokenizer, scored, metrics: dict, step: int) -> bool:
+def learn(run: RunParts, scored, metrics: dict, step: int) -> bool:
     """Score, prepare and update on one step's rollouts (metrics into ``metrics``); True when the step
     is bad: non-finite rewards, or an update that produced non-finite values and was skipped."""
     if not bool(torch.isfinite(scored.rewards).all()):
         return True
-    batch = to_learner_batch(scored, tokenizer)
+    batch = to_learner_batch(scored, run.tokenizer)
     metrics.update(run.learner.score(batch))
-    batch, prep_metrics = run.objective.prepare(batch, cfg.algorithm, normalizer=run.normalizer, step=step,
-                                                seed=cfg.seed)
+    batch, prep_metrics = run.objective.prepare(batch, run.algorithm, normalizer=run.normalizer, step=step,
+                                                seed=run.seed)
     metrics.update(prep_metrics)
     metrics.update(run.learner.update(batch))
     if run.environment is not None:   # an environment that learns (a critic) updates on what it saw
@@ -197,18 +136,18 @@ def learn(cfg: DictConfig, run: RunParts, tokenizer, scored, metrics: dict, step
     bad = metrics.get("actor/nonfinite_updates", 0.0) > 0
     if not run.learner.parameters_finite():
         raise NonFiniteError(f"the policy's weights became NaN/inf at step {step} (learner.lr="
-                             f"{cfg.learner.lr:g}); lower learner.lr or set learner.grad_clip; no "
+                             f"{run.learner.cfg.lr:g}); lower learner.lr or set learner.grad_clip; no "
                              "checkpoint was written over them")
     return bad
 
 
-def count_bad_step(cfg: DictConfig, loop: LoopState) -> None:
+def count_bad_step(run: RunParts, loop: LoopState) -> None:
     """One more bad step; NonFiniteError past trainer.max_bad_steps."""
     loop.bad_steps += 1
-    if loop.bad_steps > cfg.trainer.max_bad_steps:
+    if loop.bad_steps > run.trainer.max_bad_steps:
         raise NonFiniteError(
             f"{loop.bad_steps} steps had NaN/inf rewards, losses or gradient norms (the last at step {loop.step}); "
-            f"more than trainer.max_bad_steps={cfg.trainer.max_bad_steps}. Check the reward functions and "
+            f"more than trainer.max_bad_steps={run.trainer.max_bad_steps}. Check the reward functions and "
             "learner.lr; the last good policy is in the newest checkpoint")
 
 
@@ -223,20 +162,20 @@ def push_weights(run: RunParts) -> tuple[float, float]:
     return t_wait, time.time() - t0
 
 
-def record_step(cfg: DictConfig, recorder: RunRecorder, tokenizer, run: RunParts, loop: LoopState, scored,
-                metrics: dict, progress: ProgressLine) -> None:
+def record_step(run: RunParts, recorder: RunRecorder, loop: LoopState, scored, metrics: dict,
+                progress: ProgressLine) -> None:
     """A step's periodic evaluation (kept as loop.latest_eval), samples, metrics line, progress and checkpoint."""
-    t, step = cfg.trainer, loop.step
-    if t.eval_every and step % t.eval_every == 0 and not schedule_done(cfg, step, loop.samples):
-        loop.latest_eval = evaluate_and_log_samples(run.engine, tokenizer, run.eval_items, cfg, recorder, step=step,
-                                                    environment=run.environment)
+    t, step = run.trainer, loop.step
+    if t.eval_every and step % t.eval_every == 0 and not run.schedule_done(step, loop.samples):
+        loop.latest_eval = evaluate_and_log_samples(run.evaluator, recorder, step=step,
+                                                    samples_per_log=t.samples_per_log)
         metrics.update(loop.latest_eval)
     if t.log_samples_every and step % t.log_samples_every == 0:
         recorder.log_samples(scored.sample_rows(t.samples_per_log), step=step, kind="train")
     recorder.log(metrics, step=step, samples=loop.samples)
     progress.update(metrics, loop.latest_eval, group_size=int(metrics["rollout/group_size"]))
     if t.checkpoint_every and step % t.checkpoint_every == 0:
-        checkpoint.save(recorder.run_dir, step, learner=run.learner, tokenizer=tokenizer, keep=t.keep_checkpoints,
+        checkpoint.save(recorder.run_dir, step, learner=run.learner, tokenizer=run.tokenizer, keep=t.keep_checkpoints,
                         state={"samples": loop.samples, "bad_steps": loop.bad_steps, "before": loop.before,
                                "latest_eval": loop.latest_eval,
                                "pipeline": run.pipeline.state_dict(), "normalizer": run.normalizer.state_dict(),
@@ -245,45 +184,37 @@ def record_step(cfg: DictConfig, recorder: RunRecorder, tokenizer, run: RunParts
                                   else {})})
 
 
-def finish(cfg: DictConfig, recorder: RunRecorder, start: Any, run: RunParts, loop: LoopState) -> dict:
+def finish(run: RunParts, recorder: RunRecorder, loop: LoopState) -> dict:
     """The evaluation after training, the final policy saved, and the run's before/after result."""
-    after = evaluate_and_log_samples(run.engine, start.tokenizer, run.eval_items, cfg, recorder, step=loop.step,
-                                     environment=run.environment)
+    after = evaluate_and_log_samples(run.evaluator, recorder, step=loop.step, samples_per_log=run.trainer.samples_per_log)
     recorder.log(after, step=loop.step, samples=loop.samples)
-    if cfg.trainer.save_checkpoint:
-        run.learner.save(recorder.run_dir / "checkpoints" / "final", start.tokenizer)
+    if run.trainer.save_checkpoint:
+        run.learner.save(recorder.run_dir / "checkpoints" / "final", run.tokenizer)
     run.learner.close()   # fsdp2: releases the other ranks (only after success; on failure torchrun ends them)
-    return {"before": loop.before, "after": after, "warmup": start.warmup_summary, "learner_threads": start.threads}
+    return {"before": loop.before, "after": after, "warmup": run.start.warmup_summary,
+            "learner_threads": run.start.threads}
 
 
 def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
-    """One run: set-up, the loop of phases the module docstring names, and the evaluation after training;
-    the pipeline and the engine close however the run ends."""
-    start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
-    tokenizer, t = start.tokenizer, cfg.trainer
-    objective = OBJECTIVES.get(cfg.algorithm.objective)
-    learner, build_engine, state = start_learner(cfg, start, resume_from)
-    engine = start_engine(cfg, start, build_engine)
-    environment = build_environment(cfg, tokenizer=tokenizer, task=start.task)   # None: single-turn
-    sampler = objective.make_sampler(cfg, engine, tokenizer, start.task.splits["train"], environment)
-    run = RunParts(learner, engine, RolloutPipeline(sampler, cfg, max_staleness=t.max_staleness), objective,
-                   RewardNormalizer(cfg.algorithm.reward_ema_decay), start.task.splits[t.eval_split], environment)
+    """One run: its parts built from the config (`assemble`), the loop of phases the module docstring names,
+    and the evaluation after training; the parts close however the run ends."""
+    run = assemble(cfg, resume_from)
     try:
-        loop = begin(cfg, recorder, start, run, state)
-        progress = ProgressLine(total=t.total_steps, desc=cfg.run_name, start=loop.step)
-        while not schedule_done(cfg, loop.step, loop.samples):
+        loop = begin(run, recorder)
+        progress = ProgressLine(total=run.trainer.total_steps, desc=cfg.run_name, start=loop.step)
+        while not run.schedule_done(loop.step, loop.samples):
             loop.step += 1
             t_step, cpu_step = time.time(), time.process_time()
             scored, metrics = run.pipeline.take(loop.step)
             loop.samples += int(metrics.get("rollout/generated_samples", len(scored.rollout)))
-            if not schedule_done(cfg, loop.step, loop.samples):
+            if not run.schedule_done(loop.step, loop.samples):
                 run.pipeline.prefetch(loop.step + 1)   # max_staleness=1: the engine samples while the learner trains
 
             t0 = time.time()
-            bad = learn(cfg, run, tokenizer, scored, metrics, loop.step)
+            bad = learn(run, scored, metrics, loop.step)
             t_learn = time.time() - t0
             if bad:
-                count_bad_step(cfg, loop)
+                count_bad_step(run, loop)
 
             t_wait, t_sync = push_weights(run)
 
@@ -297,14 +228,11 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
                             "perf/step_time_s": time.time() - t_step,
                             "perf/cpu_time_s": time.process_time() - cpu_step,
                             "actor/skipped_steps": float(loop.bad_steps)})
-            record_step(cfg, recorder, tokenizer, run, loop, scored, metrics, progress)
+            record_step(run, recorder, loop, scored, metrics, progress)
         progress.close()
-        return finish(cfg, recorder, start, run, loop)
+        return finish(run, recorder, loop)
     finally:
-        run.pipeline.close()
-        if environment is not None:
-            environment.close()
-        run.engine.close()
+        run.close()
 
 
 def main() -> None:

@@ -97,6 +97,7 @@ def test_held_out_eval_adds_sampled_mean_at_k():
     mean over the k samples of every item (mean@k), next to the greedy accuracy."""
     from omegaconf import OmegaConf
 
+    from grpo_lab.evaluation import Evaluator
     from grpo_lab.train import evaluate_and_log_samples
 
     class TwoPassEngine(ScriptedEngine):
@@ -105,14 +106,18 @@ def test_held_out_eval_adds_sampled_mean_at_k():
                 ["2", "3", "4", "4", "1", "0"], [1] * 6)
             return super().generate(prompts, n=n, **kw)
 
-    cfg = OmegaConf.create({"seed": 1, "rollout": {"max_new_tokens": 8, "temperature": 0.7},
-                            "trainer": {"samples_per_log": 0, "eval_sampled_k": 2}})
+    cfg = OmegaConf.create({"seed": 1, "rollout": {"max_new_tokens": 8, "temperature": 0.7, "max_model_len": 64},
+                            "trainer": {"samples_per_log": 0, "eval_sampled_k": 2}, "interaction": {"max_turns": 1}})
     engine, logged = TwoPassEngine([], []), []
     recorder = SimpleNamespace(log_samples=lambda rows, step, kind: logged.append(kind))
-    out = evaluate_and_log_samples(engine, TOKENIZER, ITEMS, cfg, recorder, step=10)
+    evaluator = Evaluator.of(engine, TOKENIZER, ITEMS, rollout=cfg.rollout, trainer=cfg.trainer,
+                             interaction=cfg.interaction, seed=cfg.seed)
+    out = evaluate_and_log_samples(evaluator, recorder, step=10, samples_per_log=cfg.trainer.samples_per_log)
     # greedy: 2 of 3 right; sampled: item0 "2","3" (1), item1 "4","4" (2), item2 "1","0" (0) -> 3 / 6
     assert out["eval/accuracy"] == pytest.approx(2 / 3) and out["eval/sampled_accuracy"] == 0.5
     assert [c["n"] for c in engine.calls] == [1, 2] and engine.calls[1]["temperature"] == 0.7
     assert engine.calls[1]["seed"] == 1 * 1_000_003 + 10 and logged == ["eval"]
     cfg.trainer.eval_sampled_k = 0
-    assert "eval/sampled_accuracy" not in evaluate_and_log_samples(engine, TOKENIZER, ITEMS, cfg, recorder, step=10)
+    evaluator = Evaluator.of(engine, TOKENIZER, ITEMS, rollout=cfg.rollout, trainer=cfg.trainer,
+                             interaction=cfg.interaction, seed=cfg.seed)
+    assert "eval/sampled_accuracy" not in evaluate_and_log_samples(evaluator, recorder, step=10, samples_per_log=0)

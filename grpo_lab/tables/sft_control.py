@@ -16,7 +16,7 @@ What is the same as an RL run (the overrides after `--` are the RL runs' own):
     the same cache key);
   - the training loop: grpo_lab.warmup.sft_loop, the warm-up's own loop (task.splits["train"]
     worked solutions, loss on completion tokens only), stopped by wall time instead of accuracy;
-  - the evaluation: grpo_lab.evaluation.evaluate_held_out (greedy, and mean@k with
+  - the evaluation: grpo_lab.evaluation.Evaluator (greedy, and mean@k with
     trainer.eval_sampled_k; trainer.eval_split, rollout.max_new_tokens) with an HF engine sharing
     the trained weights, before, `--evals` times during, and after training;
   - the record: grpo_lab.run_setup's recorder writes config.yaml, metrics.jsonl and summary.json
@@ -55,7 +55,7 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_lab.evaluation import evaluate_held_out
+    from grpo_lab.evaluation import Evaluator
     from grpo_lab.learner.trainable import TrainableModel
     from grpo_lab.warmup import SFTProgress, sft_loop, shared_weights_engine
     from grpo_lab.run_setup import log_initial_eval, start_run
@@ -66,11 +66,12 @@ def sft_control(cfg, recorder, *, wall_time_s: float, evals: int) -> dict:
     engine = shared_weights_engine(model, tokenizer)  # every evaluation sees the current weights
     # The warm-up's optimizer (torch's AdamW default weight decay, 0.01), continued.
     trainable = TrainableModel(model, lr=cfg.warmup.lr, weight_decay=0.01)
-    eval_items = task.splits[cfg.trainer.eval_split]
+    evaluator = Evaluator.of(engine, tokenizer, task.splits[cfg.trainer.eval_split], rollout=cfg.rollout,
+                             trainer=cfg.trainer, interaction=cfg.interaction, seed=cfg.seed)
 
     def run_eval(step: int) -> dict:   # as the RL runs evaluate (greedy, and mean@k when they do)
         with torch.no_grad():
-            return evaluate_held_out(engine, tokenizer, eval_items, cfg, step=step)
+            return evaluator(step=step)
 
     before = run_eval(0)
     log_initial_eval(recorder, start, before)
