@@ -89,7 +89,7 @@ def evaluate_held_out(engine, tokenizer, items: list, cfg, *, step: int, samples
               "max_model_len": cfg.rollout.max_model_len} if environment is not None else {})
     metrics = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens, samples=samples,
                        max_samples=max_samples, **turns)
-    k = cfg.trainer.get("eval_sampled_k", 0)
+    k = cfg.trainer.eval_sampled_k
     if k:
         sampled = evaluate(engine, tokenizer, items, max_new_tokens=cfg.rollout.max_new_tokens,
                            temperature=cfg.rollout.temperature, n=k, seed=cfg.seed * 1_000_003 + step, **turns)
