@@ -30,7 +30,7 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
     if not OmegaConf.has_resolver("grpo_run_name"):
         OmegaConf.register_new_resolver(
-            "grpo_run_name", lambda *, _root_: _root_.get("run_name") or derive_run_name(_root_))
+            "grpo_run_name", lambda *, _root_: _root_.run_name or derive_run_name(_root_))
 
 
 # transformers' attention kernels a learner may ask for (None = the model's default).
@@ -165,7 +165,7 @@ def _check_rollout(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     _check(0.0 < r.gpu_memory_utilization <= 1.0,
            f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "
            "is the fraction of RAM for the KV cache (0.1 works on a 24 GiB machine)", errors)
-    tp, dp = r.get("tensor_parallel_size", 1), r.get("data_parallel_size", 1)
+    tp, dp = r.tensor_parallel_size, r.data_parallel_size
     _check(tp >= 1 and dp >= 1, f"rollout.tensor_parallel_size={tp} and rollout.data_parallel_size={dp} must be "
            ">= 1", errors)
     if (tp > 1 or dp > 1) and r.engine in ROLLOUT_ENGINES:
@@ -178,7 +178,7 @@ def _check_rollout(cfg: DictConfig, errors: list[str], machine: bool) -> None:
                f"{'GPUs' if on_cuda else 'CPU cores'} but this machine has {have}: lower them", errors)
     # Only the hf engine reads rollout.sampler, but a misspelt value is refused for every engine, so a
     # sweep over engines does not carry it unnoticed.
-    _check(r.get("sampler", "generate") in SAMPLERS, f"rollout.sampler={r.get('sampler')!r}; valid choices: "
+    _check(r.sampler in SAMPLERS, f"rollout.sampler={r.sampler!r}; valid choices: "
            f"{', '.join(SAMPLERS)} (used by rollout=hf)", errors)
     _check(r.dtype in ROLLOUT_DTYPES, f"rollout.dtype={r.dtype!r}; valid choices: {', '.join(ROLLOUT_DTYPES)} "
            "(the engine's weights; float32 keeps engine and learner logprobs close)", errors)
@@ -198,10 +198,10 @@ def _check_learner(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     if ln.num_threads is not None:
         _check(ln.num_threads >= 1, f"learner.num_threads={ln.num_threads} must be >= 1 or null (auto)", errors)
     _check(ln.micro_batch_size >= 1, f"learner.micro_batch_size={ln.micro_batch_size} must be >= 1", errors)
-    attn = ln.get("attn_implementation")
+    attn = ln.attn_implementation
     _check(attn in ATTN_IMPLEMENTATIONS, f"learner.attn_implementation={attn!r}; valid choices: null (the model's "
            f"default), {', '.join(a for a in ATTN_IMPLEMENTATIONS if a)}", errors)
-    strategy = ln.get("strategy", "single")
+    strategy = ln.strategy
     _check(strategy in ("single", "fsdp2"), f"learner.strategy={strategy!r}; valid choices: single, fsdp2", errors)
     if strategy == "fsdp2":
         _check(ln.lora.rank == 0 and not cfg.algorithm.critic.enabled, "learner.strategy=fsdp2 supports neither "
@@ -297,7 +297,7 @@ def _check_trainer(cfg: DictConfig, errors: list[str], machine: bool) -> None:
                f"{batch} samples (prompts_per_step × group_size); raise trainer.total_samples or set it to null", errors)
     _check(t.eval_every >= 0, f"trainer.eval_every={t.eval_every} must be >= 0 (0 = only before and after)", errors)
     _check(t.eval_split in ("dev", "test"), f"trainer.eval_split={t.eval_split!r}; valid choices: dev, test", errors)
-    _check(t.get("eval_sampled_k", 0) >= 0, f"trainer.eval_sampled_k={t.get('eval_sampled_k')} must be >= 0 "
+    _check(t.eval_sampled_k >= 0, f"trainer.eval_sampled_k={t.eval_sampled_k} must be >= 0 "
            "(samples per held-out item for mean@k; 0 = greedy only)", errors)
     _check(t.checkpoint_every >= 0, f"trainer.checkpoint_every={t.checkpoint_every} must be >= 0 (0 = only the "
            "final policy)", errors)
@@ -307,7 +307,7 @@ def _check_trainer(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     _check(t.max_staleness in (0, 1), f"trainer.max_staleness={t.max_staleness}; valid choices: 0 (synchronous) "
            "or 1 (sample the next step while the learner trains)", errors)
     _check(t.max_bad_steps >= 0, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0", errors)
-    _check(t.get("cpu_placement", "auto") in CPU_PLACEMENTS, f"trainer.cpu_placement={t.get('cpu_placement')!r}; "
+    _check(t.cpu_placement in CPU_PLACEMENTS, f"trainer.cpu_placement={t.cpu_placement!r}; "
            f"valid choices: {', '.join(CPU_PLACEMENTS)}", errors)
     if check_registered(TRAINER_BACKENDS, t.backend, "trainer.backend", errors):
         module = TRAINER_BACKENDS.fact(t.backend, "requires_module")
@@ -339,16 +339,14 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
     import grpo_lab.second_models  # noqa: F401  (registers the critic LLM environment, a second model above the run services)
     from grpo_lab.interaction.demos import has_demo_message
 
-    i = cfg.get("interaction")
-    if i is None:
-        return
+    i = cfg.interaction
     check_registered(TURN_REWARDS, i.reward, "interaction.reward", errors)
     _check(i.improvement_coef >= 0, f"interaction.improvement_coef={i.improvement_coef} must be >= 0 (α of "
            "interaction.reward=improvement)", errors)
-    frac = i.get("warmup_revision_frac", 0.0)
+    frac = i.warmup_revision_frac
     _check(0 <= frac < 1, f"interaction.warmup_revision_frac={frac} must be in [0, 1) (the share of warm-up examples "
            "that are revision demonstrations; 0 = none)", errors)
-    demos_from = list(i.get("warmup_demos_from") or [])
+    demos_from = list(i.warmup_demos_from or [])
     _check(not demos_from or frac > 0, f"interaction.warmup_demos_from={demos_from} names the environments the "
            "warm-up's revision demonstrations are written in, but interaction.warmup_revision_frac=0 makes none: set "
            "interaction.warmup_revision_frac > 0 (e.g. 0.5) or interaction.warmup_demos_from=null", errors)
@@ -398,8 +396,8 @@ def derive_run_name(cfg: DictConfig) -> str:
     a, t, m = cfg.algorithm, cfg.task, cfg.model
     knobs = OBJECTIVES.get(a.objective).run_name_knobs(a) if a.objective in OBJECTIVES else a.objective
     label = task_label(t)
-    task = label if t.get("prompt_format") in (None, "question", "compact") else f"{label}-{t.prompt_format}"
-    model = Path(str(m.path)).name if m.get("path") else m.builder
+    task = label if t.prompt_format in ("question", "compact") else f"{label}-{t.prompt_format}"
+    model = Path(str(m.path)).name if m.path else m.builder
     return f"{task}_{model}_{a.name}_G{cfg.rollout.group_size}_{knobs}_s{cfg.seed}"
 
 

@@ -132,7 +132,7 @@ def _device_kind(cfg: DictConfig, machine: bool) -> Optional[str]:
 def device_memory_bytes(cfg: DictConfig, *, machine: bool = True) -> Optional[float]:
     """learner.device_memory_gb when declared; else on this machine the CUDA device's total memory or
     the RAM; else (machine=False) 141 GB for a device=cuda recipe; else None (unknown)."""
-    declared = cfg.learner.get("device_memory_gb")
+    declared = cfg.learner.device_memory_gb
     if declared is not None:
         return float(declared) * GB
     kind = _device_kind(cfg, machine)
@@ -149,7 +149,7 @@ def device_memory_bytes(cfg: DictConfig, *, machine: bool = True) -> Optional[fl
 def micro_batch_tokens(cfg: DictConfig) -> int:
     """Tokens of one micro-batch: the token budget, else sequences × rollout.max_model_len."""
     ln, r = cfg.learner, cfg.rollout
-    if ln.get("max_tokens_per_micro_batch"):
+    if ln.max_tokens_per_micro_batch:
         return int(ln.max_tokens_per_micro_batch)
     group = max([r.group_size, *(r.group_size_schedule or {}).values()])
     per_minibatch = math.ceil(cfg.trainer.prompts_per_step * group / max(cfg.algorithm.minibatches, 1))
@@ -176,7 +176,7 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
     arch = resolve_arch(cfg)
     kind = _device_kind(cfg, machine) or "cuda"
     mem = device_memory if device_memory is not None else device_memory_bytes(cfg, machine=machine)
-    n_dev = max(int(ln.get("num_devices", 1) or 1), 1)
+    n_dev = max(int(ln.num_devices), 1)
     plan = MemoryPlan(arch, device=kind, device_memory=mem, num_devices=n_dev)
     if _device_kind(cfg, machine) is None:
         plan.notes.append("learner.device=auto planned as cuda (the machine it runs on is not this one)")
@@ -187,15 +187,14 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
         return plan
 
     P, h, L, V = arch.num_params(), arch.hidden_size, arch.num_layers, arch.vocab_size
-    bf16 = ln.get("dtype", "fp32") == "bf16"
+    bf16 = ln.dtype == "bf16"
     e = 2 if bf16 else 4                      # activation / frozen-weight bytes
     shard = f"/{n_dev}" if n_dev > 1 else ""
-    lora = ln.get("lora") or {}
-    rank = int(lora.get("rank", 0) or 0)
+    rank = int(ln.lora.rank)
     add = lambda name, b, f: plan.items.append(PlanItem(name, float(b), f))  # noqa: E731
 
     if rank > 0:
-        A = lora_params(arch, rank, lora.get("target_modules") or [])
+        A = lora_params(arch, rank, ln.lora.target_modules)
         add("policy base (frozen)", e * P / n_dev, f"{e}·P{shard}, P={P:,}")
         add("LoRA adapters (fp32)", 16 * A, f"16·A (weights 4 + grads 4 + AdamW 8), A=r·Σ(in+out)·L={A:,}")
     else:
@@ -218,12 +217,12 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
 
     T = micro_batch_tokens(cfg)
     layer = e * (4 * h + 2 * (arch.num_heads + arch.num_kv_heads) * arch.d + 4 * arch.intermediate_size)
-    if ln.get("gradient_checkpointing"):
+    if ln.gradient_checkpointing:
         add("activations", T * (L * h * e + layer + 2 * h * e),
             f"T·(L·h·e + one layer {layer:,} B + 2h·e), T={T:,}, e={e} (checkpointed)")
     else:
         add("activations", T * (L * layer + 2 * h * e), f"T·(L·{layer:,} B + 2h·e), T={T:,}, e={e}")
-    chunk = ln.get("logits_chunk_tokens")
+    chunk = ln.logits_chunk_tokens
     Tl = min(T, int(chunk)) if chunk else T
     add("logits (fp32)", Tl * V * 4 * LOGITS_COPIES,
         f"{Tl:,} tokens{' (chunk)' if chunk else ''} × V × 4 B × {LOGITS_COPIES} copies")
@@ -232,15 +231,15 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
     from grpo_lab.rollout import ROLLOUT_ENGINES
 
     if r.engine in ROLLOUT_ENGINES and ROLLOUT_ENGINES.fact(r.engine, "reserves_memory_fraction"):
-        if r.get("kv_cache_bytes") is not None:   # vLLM then ignores gpu_memory_utilization
-            dp = 1 if kind == "cuda" else int(r.get("data_parallel_size", 1))
+        if r.kv_cache_bytes is not None:   # vLLM then ignores gpu_memory_utilization
+            dp = 1 if kind == "cuda" else int(r.data_parallel_size)
             add(f"rollout engine ({r.engine})", dp * (r.kv_cache_bytes + eng * P),
                 f"{dp} × ({r.kv_cache_bytes:,} B KV cache (rollout.kv_cache_bytes) + {eng}·P weights)")
         elif kind == "cuda":
             add(f"rollout engine ({r.engine})", r.gpu_memory_utilization * (mem or 0),
                 f"gpu_memory_utilization {r.gpu_memory_utilization} × device memory (weights + KV cache)")
         else:   # every replica (rollout.data_parallel_size) reserves its own share of the one RAM
-            dp = int(r.get("data_parallel_size", 1))
+            dp = int(r.data_parallel_size)
             add(f"rollout engine ({r.engine})", dp * (r.gpu_memory_utilization * (mem or 0) + eng * P),
                 f"{dp} × ({r.gpu_memory_utilization} × RAM (KV cache) + {eng}·P weights)" if dp > 1 else
                 f"{r.gpu_memory_utilization} × RAM (KV cache) + {eng}·P weights")
@@ -265,16 +264,16 @@ def _suggestions(cfg: DictConfig, plan: MemoryPlan, machine: bool) -> list[str]:
     """Each change that would help, with the total it would give (computed, not guessed)."""
     ln, mem = cfg.learner, plan.device_memory
     tries = []
-    if not (ln.get("lora") or {}).get("rank"):
+    if not ln.lora.rank:
         tries.append(("learner.lora.rank", SUGGESTED_LORA_RANK))
-    if ln.get("dtype", "fp32") != "bf16":
+    if ln.dtype != "bf16":
         tries.append(("learner.dtype", "bf16"))
-    if not ln.get("gradient_checkpointing"):
+    if not ln.gradient_checkpointing:
         tries.append(("learner.gradient_checkpointing", True))
-    if not ln.get("logits_chunk_tokens"):
+    if not ln.logits_chunk_tokens:
         tries.append(("learner.logits_chunk_tokens", 1024))
     # A smaller micro-batch: the largest halving that fits (a token budget never below one full sequence).
-    budget = ln.get("max_tokens_per_micro_batch")
+    budget = ln.max_tokens_per_micro_batch
     key, size, floor = (("learner.max_tokens_per_micro_batch", int(budget), cfg.rollout.max_model_len) if budget
                         else ("learner.micro_batch_size", micro_batch_tokens(cfg) // cfg.rollout.max_model_len, 1))
     smaller = size // 2
@@ -284,7 +283,7 @@ def _suggestions(cfg: DictConfig, plan: MemoryPlan, machine: bool) -> list[str]:
     tries.append((key, max(smaller, floor)))
     out = []
     for key, value in tries:
-        if value == ln.get(key.split(".")[-1]):
+        if value == OmegaConf.select(cfg, key):
             continue
         total = plan_memory(_with(cfg, **{key.replace(".", "__"): value}), machine=machine, device_memory=mem).total
         out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value} -> {total / GB:.1f} GB")
@@ -313,7 +312,7 @@ def _engine_share_suggestion(cfg: DictConfig, plan: MemoryPlan) -> str:
     the engine reserves that share of the GPU's memory, or on the CPU build that share of RAM for every
     replica's KV cache, which the learner then cannot use."""
     r, mem = cfg.rollout, plan.device_memory
-    replicas = 1 if plan.device == "cuda" else int(r.get("data_parallel_size", 1))
+    replicas = 1 if plan.device == "cuda" else int(r.data_parallel_size)
     util = r.gpu_memory_utilization - (plan.total - mem) / (mem * replicas)
     share = "of the GPU's memory" if plan.device == "cuda" else "of RAM the vLLM CPU build reserves for its KV cache"
     meaning = f"rollout.gpu_memory_utilization must lie in (0, 1], the share {share}"
@@ -346,16 +345,16 @@ def memory_plan_errors(cfg: DictConfig, *, machine: bool = True) -> list[str]:
     from grpo_lab.objectives import OBJECTIVES
 
     ln = cfg.learner
-    mode = ln.get("memory_plan", "check")
+    mode = ln.memory_plan
     errors = []
     if mode not in ("check", "warn", "off"):
         errors.append(f"learner.memory_plan={mode!r}; valid choices: check, warn, off")
-    if int(ln.get("num_devices", 1)) < 1:
+    if int(ln.num_devices) < 1:
         errors.append(f"learner.num_devices={ln.num_devices} must be >= 1")
-    if ln.get("device_memory_gb") is not None and ln.device_memory_gb <= 0:
+    if ln.device_memory_gb is not None and ln.device_memory_gb <= 0:
         errors.append(f"learner.device_memory_gb={ln.device_memory_gb} must be > 0 or null (detect)")
     # An unknown learner.dtype or an unregistered objective is reported by validate(); the plan needs both.
-    if errors or mode == "off" or ln.get("dtype", "fp32") not in LEARNER_DTYPES \
+    if errors or mode == "off" or ln.dtype not in LEARNER_DTYPES \
             or cfg.algorithm.objective not in OBJECTIVES:
         return errors
     try:

@@ -208,9 +208,7 @@ def prepare_for_model(task: Any, tokenizer: Any, task_cfg: Any) -> Any:
     """The one call a run makes after loading the policy's tokenizer (and before the first prompt is
     encoded): apply ``task.chat_template`` / ``task.system_prompt`` to the tokenizer and pick the
     chat answer format when the task left it to the source (:func:`adapt_answer_format`)."""
-    get = task_cfg.get if hasattr(task_cfg, "get") else lambda k, d=None: getattr(task_cfg, k, d)
-    configure_tokenizer(tokenizer, chat_template=get("chat_template", "auto") or "auto",
-                        system_prompt=get("system_prompt", None))
+    configure_tokenizer(tokenizer, chat_template=task_cfg.chat_template, system_prompt=task_cfg.system_prompt)
     adapt_answer_format(task, tokenizer)
     return tokenizer
 

@@ -69,13 +69,13 @@ def placement_bundles(cfg: DictConfig, *, cuda: bool, cluster_gpus: float = 0.0)
 
     CPU: one 1-CPU bundle each (the actors take turns in the synchronous loop; each sets its own torch
     threads). CUDA: the learner gets one GPU, the engine rollout.tensor_parallel_size ×
-    rollout.data_parallel_size GPUs (1 when the keys are absent); with a single GPU in the cluster both
+    rollout.data_parallel_size GPUs; with a single GPU in the cluster both
     share it in one bundle."""
     if not cuda:
         return [{"CPU": 1}, {"CPU": 1}], {"learner": (0, 1, 0), "engine": (1, 1, 0)}
     # Every engine replica (rollout.data_parallel_size) runs tensor_parallel_size ranks, each on a GPU of
     # its own, all inside the one engine actor (data_parallel.placement_env slices its visible GPUs).
-    gpus = int(cfg.rollout.get("tensor_parallel_size", 1) or 1) * int(cfg.rollout.get("data_parallel_size", 1) or 1)
+    gpus = int(cfg.rollout.tensor_parallel_size) * int(cfg.rollout.data_parallel_size)
     if cluster_gpus < 2:
         return [{"CPU": 2, "GPU": 1}], {"learner": (0, 1, 0.5), "engine": (0, 1, 0.5)}
     return [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": gpus}], {"learner": (0, 1, 1), "engine": (1, 1, gpus)}
@@ -316,8 +316,8 @@ class RaySession:
             str(model_dir), _plain(rollout_cfg), seed, device, self.num_threads)
         self.actors.append(actor)
         self.engine_actor = actor
-        gen_t = rollout_cfg.get("generate_timeout_s", None) or DEFAULT_TIMEOUT_S
-        sync_t = rollout_cfg.get("sync_timeout_s", None) or DEFAULT_TIMEOUT_S
+        gen_t = rollout_cfg.generate_timeout_s or DEFAULT_TIMEOUT_S
+        sync_t = rollout_cfg.sync_timeout_s or DEFAULT_TIMEOUT_S
         proxy = RemoteEngine(actor, self, generate_timeout_s=gen_t, sync_timeout_s=sync_t)
         # The constructor's outcome (a failed model load surfaces here, bounded by the sync timeout).
         proxy._get(actor.__ray_ready__.remote(), sync_t, "start-up")

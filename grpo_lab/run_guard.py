@@ -51,6 +51,7 @@ RESUMABLE_CHANGES: dict[str, str] = {
     "logger.*": "where it reports (wandb project, mode, tags, ...)",
 }
 # The lr schedule's length follows trainer.total_steps unless set; it is unused by a constant schedule.
+# Read with .get: the old side is a checkpoint's recorded config, which may predate the key.
 _UNUSED_WHEN = {"learner.total_steps": lambda cfg: cfg.get("learner", {}).get("lr_schedule") == "constant"}
 
 # Under Slurm's default KillWait (30 s between SIGTERM and SIGKILL), with room for the engine's shutdown.

@@ -71,7 +71,7 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
     every actor turn (interaction.max_turns answers of up to rollout.max_new_tokens each); the
     environment's messages, whose length is not known before they are written, are checked as they
     come (grpo_lab/interaction/rollout.py ends a conversation that would overflow)."""
-    turns = cfg.interaction.max_turns if cfg.get("interaction") is not None else 1   # 1 without an environment
+    turns = cfg.interaction.max_turns   # 1 without an environment
     answers = turns * cfg.rollout.max_new_tokens
     room = cfg.rollout.max_model_len - answers
     lengths = {name: [len(encode_prompt(tokenizer, it.prompt)) for it in split] for name, split in task.splits.items()}
@@ -80,8 +80,8 @@ def check_context(cfg: DictConfig, task, tokenizer) -> None:
     if not n_over:
         return
     longest = max(max(ls, default=0) for ls in lengths.values())
-    data = f"task.path={cfg.task.path}" if cfg.task.get("path") else f"task {cfg.task.name!r}"
-    if not cfg.task.get("drop_overlong", False):
+    data = f"task.path={cfg.task.path}" if cfg.task.path else f"task {cfg.task.name!r}"
+    if not cfg.task.drop_overlong:
         raise ConfigError(
             f"rollout.max_model_len={cfg.rollout.max_model_len} is too small for {n_over} of {n_all} prompts of {data}: "
             f"the longest has {longest} tokens and rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
@@ -106,7 +106,7 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     supervised warm-up (cached): the RL starting point."""
     cache = Path(cfg.cache_dir)
     # A multi-turn run's character model must also read the environment's messages; "" when single-turn.
-    alphabet = task.alphabet() + message_alphabet(cfg.get("interaction") or {})
+    alphabet = task.alphabet() + message_alphabet(cfg.interaction)
     base_dir = build_model_dir(cfg.model, alphabet=alphabet, seed=cfg.seed, cache_dir=cache)
     # Before the warm-up formats its targets: a chat model reads answers in its own style.
     tokenizer = prepare_for_model(task, AutoTokenizer.from_pretrained(str(base_dir)), cfg.task)
@@ -150,7 +150,7 @@ def start_run(cfg: DictConfig) -> RunStart:
     threads = set_learner_threads(cfg)
     device = resolve_device(cfg.learner.device)
     task = build_task(cfg.task)
-    problem = reference_problem(cfg.get("interaction") or {}, task)
+    problem = reference_problem(cfg.interaction, task)
     if problem:
         raise ConfigError(problem)
     policy_dir, warm = build_policy(cfg, task, device)

@@ -104,7 +104,7 @@ def _validate_reward_noise(rw: Any, errors: list[str]) -> None:
 
 def _validate_rollout(r: Any, errors: list[str]) -> None:
     _timeout(r.generate_timeout_s, "rollout.generate_timeout_s", errors, "600")
-    kv = r.get("kv_cache_bytes")
+    kv = r.kv_cache_bytes
     if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 2**20):
         errors.append(f"rollout.kv_cache_bytes={kv} must be a whole number of bytes >= 1 MiB (e.g. "
                       "rollout.kv_cache_bytes=268435456 for 256 MiB) or null (rollout.gpu_memory_utilization decides)")

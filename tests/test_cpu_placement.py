@@ -10,7 +10,6 @@ import os
 import threading
 
 import pytest
-from omegaconf import OmegaConf
 
 from grpo_lab.cpu_placement import CorePlacement, engine_cores, pin_process, plan_placement, split_cores
 
@@ -102,15 +101,15 @@ def test_a_placed_vllm_engine_runs_on_its_cores_with_one_thread_and_writes_the_s
     import torch
 
     from grpo_lab.models import MODEL_BUILDERS
-    from grpo_lab.rollout import make_engine
+    from grpo_lab.rollout import make_engine, rollout_section
     from grpo_lab.rollout.hf_engine import HFEngine
     from helpers import VLLM_KV_CACHE_BYTES, ragged_prompts
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     model_dir = MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet="0123456789+-=", seed=0)
     placement = split_cores(sorted(os.sched_getaffinity(0)), 1)
-    rollout = OmegaConf.create({"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
-                                "enforce_eager": True, "dtype": "float32", "kv_cache_bytes": VLLM_KV_CACHE_BYTES})
+    rollout = rollout_section(engine="vllm", gpu_memory_utilization=0.05, max_model_len=64, enforce_eager=True,
+                              dtype="float32", kv_cache_bytes=VLLM_KV_CACHE_BYTES)
     with engine_cores(placement):
         engine = make_engine(model_dir, rollout, seed=0)
     try:

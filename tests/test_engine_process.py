@@ -10,7 +10,6 @@ import os
 import signal
 
 import pytest
-from omegaconf import OmegaConf
 
 from helpers import TINY_RUN, read_metrics, run_train, start_model_dir
 
@@ -35,9 +34,10 @@ def test_engine_process_matches_single_process(tmp_path, warm_cache):
 
 
 def hf_engine(cache):
+    from grpo_lab.rollout import rollout_section
     from grpo_lab.rollout.engine_process import EngineProcess
 
-    cfg = OmegaConf.create({"engine": "hf", "dtype": "float32"})
+    cfg = rollout_section(engine="hf", dtype="float32")
     return EngineProcess(start_model_dir(cache), cfg, seed=0, num_threads=1)
 
 

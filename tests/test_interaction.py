@@ -27,10 +27,21 @@ from grpo_lab.models import MODEL_BUILDERS, build_char_tokenizer
 from grpo_lab.prompts import configure_tokenizer, encode_prompt, environment_turn_ids
 from grpo_lab.rollout import Rollout
 from grpo_lab.run_setup import check_context
-from grpo_lab.schema import AlgorithmConfig, ConfigError, LearnerConfig
+from grpo_lab.schema import AlgorithmConfig, Config, ConfigError, InteractionConfig, LearnerConfig
 from grpo_lab.tasks import Task, TaskItem
 
-CHARS = "0123456789-=" + message_alphabet({"environment": "verifier_feedback"})
+
+def interaction(**values):
+    """A whole typed interaction section: the schema's defaults under `values`."""
+    return OmegaConf.merge(OmegaConf.structured(InteractionConfig), values)
+
+
+def with_interaction(**values):
+    """A whole run config (the schema's defaults) whose interaction section has `values`."""
+    return OmegaConf.merge(OmegaConf.structured(Config), {"interaction": values})
+
+
+CHARS = "0123456789-=" + message_alphabet(interaction(environment="verifier_feedback"))
 
 
 def item(answer: str, fmt: str = "plain", prompt: str = "15-43=") -> TaskItem:
@@ -104,7 +115,7 @@ def test_char_tokenizer_format_after_eos():
     assert environment_turn_ids(tok, "wrong: too low", answer_ids=answer + [tok.eos_token_id]) == message
     assert environment_turn_ids(tok, "wrong: too low", answer_ids=answer) == [tok.eos_token_id, *message]
     assert tok.unk_token_id not in message
-    assert message_alphabet({"environment": None}) == ""      # single-turn: the tiny model's alphabet unchanged
+    assert message_alphabet(interaction(environment=None)) == ""      # single-turn: the tiny model's alphabet unchanged
 
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -231,8 +242,8 @@ def test_a_plug_in_environment_by_import_path():
     out = multi_turn_rollout(engine, tok, [item("-28")], env, group_size=2, max_turns=2, rollout_cfg=sampling, seed=0)
     assert out.turns == [["-30", "hint: retry", "-29"], ["-28", "hint: retry", "-27"]]
     assert out.verdicts == [[None], [None]] and out.env_info == [[{"seen": 1}], [{"seen": 1}]]
-    assert message_alphabet({"environment": "interaction_plugins:Hint"}) == message_alphabet(
-        {"environment": "verifier_feedback"})
+    assert message_alphabet(interaction(environment="interaction_plugins:Hint")) == message_alphabet(
+        interaction(environment="verifier_feedback"))
     validate(make(["interaction.environment=interaction_plugins:Hint", "interaction.max_turns=2"]))
 
 
@@ -318,9 +329,9 @@ def test_the_default_is_single_turn_and_verifier_feedback_validates():
 
 def test_an_environment_that_compares_answers_needs_references():
     task = Task("t", {"train": [item("-28"), item(" ")], "dev": [item("1")], "test": [item("2")]})
-    problem = reference_problem({"environment": "verifier_feedback"}, task)
+    problem = reference_problem(interaction(environment="verifier_feedback"), task)
     assert "interaction.environment=verifier_feedback" in problem and "1 items" in problem
-    assert reference_problem({"environment": None}, task) is None
+    assert reference_problem(interaction(environment=None), task) is None
 
 
 # ------------------------------------------------------------------ runs on the tiny model
@@ -420,7 +431,7 @@ def test_revision_demos_have_the_token_layout_of_a_second_turn():
 
     tok = configure_tokenizer(build_char_tokenizer(CHARS))
     items = [item("-28"), item("-2", prompt="5-7=")]
-    cfg = OmegaConf.create({"interaction": {"environment": "verifier_feedback", "warmup_revision_frac": 0.5}})
+    cfg = with_interaction(environment="verifier_feedback", warmup_revision_frac=0.5)
     demos = revision_demos(cfg, items, tok, seed=3)
     assert len(demos) == 2
     for prompt_ids, target_ids in demos:
@@ -432,9 +443,9 @@ def test_revision_demos_have_the_token_layout_of_a_second_turn():
         assert prompt_ids == (encode_prompt(tok, question.prompt) + tok.encode(wrong, add_special_tokens=False)
                               + [tok.eos_token_id] + environment_turn_ids(tok, message, answer_ids=[tok.eos_token_id]))
         assert target_ids == tok.encode(question.solution, add_special_tokens=False) + [tok.eos_token_id]
-    off = OmegaConf.create({"interaction": {"environment": "verifier_feedback", "warmup_revision_frac": 0.0}})
-    single = OmegaConf.create({"interaction": {"environment": None, "warmup_revision_frac": 0.5}})
-    assert revision_demos(off, items, tok, seed=3) == [] and revision_demos(OmegaConf.create({}), items, tok, seed=3) == []
+    off = with_interaction(environment="verifier_feedback", warmup_revision_frac=0.0)
+    single = with_interaction(environment=None, warmup_revision_frac=0.5)
+    assert revision_demos(off, items, tok, seed=3) == [] and revision_demos(with_interaction(), items, tok, seed=3) == []
     assert revision_demos(single, items, tok, seed=3) == []
 
 
@@ -449,15 +460,16 @@ def test_demonstrations_named_by_warmup_demos_from_are_shared_by_rows_of_any_env
     shared = ["verifier_feedback", "critic"]
     rows = [{"environment": env, "warmup_revision_frac": 0.5, "warmup_demos_from": shared}
             for env in (None, "verifier_feedback", "critic")]
-    alphabets = {message_alphabet(r) for r in rows}
+    alphabets = {message_alphabet(interaction(**r)) for r in rows}
     assert len(alphabets) == 1
     union = alphabets.pop()
-    assert set(message_alphabet({"environment": "verifier_feedback"})) | set(message_alphabet({"environment": "critic"})) == set(union)
+    assert set(message_alphabet(interaction(environment="verifier_feedback"))) | set(message_alphabet(
+        interaction(environment="critic"))) == set(union)
     tok = configure_tokenizer(build_char_tokenizer("0123456789-=" + union))
     items = [item("-28"), item("-2", prompt="5-7="), item("7", prompt="9-2=")]
-    demos = [revision_demos(OmegaConf.create({"interaction": r}), items, tok, seed=5) for r in rows]
+    demos = [revision_demos(with_interaction(**r), items, tok, seed=5) for r in rows]
     assert len(demos[0]) == 3 and demos[0] == demos[1] == demos[2]
-    critic_cfg = OmegaConf.create({"interaction": rows[2]})
+    critic_cfg = with_interaction(**rows[2])
     for k, (prompt_ids, _) in enumerate(demos[0]):
         text = tok.decode(prompt_ids)
         question = next(it for it in items if text.startswith("<bos>" + it.prompt))
@@ -466,7 +478,7 @@ def test_demonstrations_named_by_warmup_demos_from_are_shared_by_rows_of_any_env
                    else CriticEnvironment.demo_message(critic_cfg, question, wrong))
         assert text.endswith(tok.decode(environment_turn_ids(tok, message, answer_ids=[tok.eos_token_id]))), (k, text)
     # Without the list, each row writes its own environment's words (and a single-turn row none).
-    own = [revision_demos(OmegaConf.create({"interaction": {**r, "warmup_demos_from": None}}), items, tok, seed=5)
+    own = [revision_demos(with_interaction(**{**r, "warmup_demos_from": None}), items, tok, seed=5)
            for r in rows]
     assert own[0] == [] and own[1] != own[2]
 

@@ -101,8 +101,9 @@ def test_backend_is_validated():
 
 def test_placement_bundles():
     from grpo_lab.ray_backend import placement_bundles
+    from grpo_lab.schema import Config
 
-    cfg = OmegaConf.create({"rollout": {"tensor_parallel_size": 2}})
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), {"rollout": {"tensor_parallel_size": 2}})
     assert placement_bundles(cfg, cuda=False) == ([{"CPU": 1}, {"CPU": 1}],
                                                   {"learner": (0, 1, 0), "engine": (1, 1, 0)})
     bundles, where = placement_bundles(cfg, cuda=True, cluster_gpus=8)
@@ -110,6 +111,6 @@ def test_placement_bundles():
     bundles, where = placement_bundles(cfg, cuda=True, cluster_gpus=1)   # one GPU: shared, as locally
     assert bundles == [{"CPU": 2, "GPU": 1}] and where["learner"][2] + where["engine"][2] == 1
     # 2 replicas of a TP=2 engine: 4 GPUs in the engine's bundle (each replica slices its own 2 there).
-    cfg = OmegaConf.create({"rollout": {"tensor_parallel_size": 2, "data_parallel_size": 2}})
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), {"rollout": {"tensor_parallel_size": 2, "data_parallel_size": 2}})
     bundles, where = placement_bundles(cfg, cuda=True, cluster_gpus=8)
     assert bundles == [{"CPU": 1, "GPU": 1}, {"CPU": 1, "GPU": 4}] and where["engine"] == (1, 1, 4)

@@ -95,6 +95,7 @@ def test_judge_unparseable_is_a_contained_error(monkeypatch):
     """Unparseable judge text -> NaN -> reward.on_error and counted, with the text kept as feedback."""
     import grpo_lab.rewards.llm_judge as lj
     from grpo_lab.rollout import Rollout
+    from grpo_lab.schema import JudgeConfig
 
     class FakeEngine:
         def generate(self, prompt_ids, **kw):
@@ -110,7 +111,8 @@ def test_judge_unparseable_is_a_contained_error(monkeypatch):
 
     monkeypatch.setattr(lj, "start_judge", lambda judge: (FakeEngine(), FakeTok()))
     res = compute_rewards(["-28", "banana"], [ITEM] * 2, [("llm_judge", 1.0)], max_error_frac=0.5,
-                          settings={"judge": {"template": "{completion}", "response_prefix": "Score:"}})
+                          settings={"judge": {**JudgeConfig().__dict__, "template": "{completion}",
+                                              "response_prefix": "Score:"}})
     assert res.per_reward["llm_judge"] == [pytest.approx(0.9), 0.0] and res.metrics["reward/errors"] == 1.0
     assert res.info["llm_judge/feedback"] == ["Score: 9/10 correct.", "Score: hmm, no idea"]
 

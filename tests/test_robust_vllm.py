@@ -23,6 +23,7 @@ import pytest
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.rewards import compute_rewards
+from grpo_lab.rollout import rollout_section
 from grpo_lab.tasks import TASKS
 from helpers import VLLM_KV_CACHE_BYTES
 
@@ -36,8 +37,9 @@ GENERATORS = {
     "simple_equations": dict(min_terms=2, max_terms=3, min_value=1, max_value=20),
 }
 MAX_MODEL_LEN = 256
-ROLLOUT = NS(engine="vllm", gpu_memory_utilization=0.1, max_model_len=MAX_MODEL_LEN, enforce_eager=True,
-             dtype="float32", generate_timeout_s=300.0, sync_timeout_s=120.0, kv_cache_bytes=VLLM_KV_CACHE_BYTES)
+ROLLOUT = rollout_section(engine="vllm", gpu_memory_utilization=0.1, max_model_len=MAX_MODEL_LEN, enforce_eager=True,
+                          dtype="float32", generate_timeout_s=300.0, sync_timeout_s=120.0,
+                          kv_cache_bytes=VLLM_KV_CACHE_BYTES)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,9 @@ from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.sampling import (PromptStream, RewardNormalizer, ScoredRollout, collect_phase,
                                group_size_at)
 from grpo_lab.rollout import Rollout
+from grpo_lab.schema import AlgorithmConfig
 
-ALGO = OmegaConf.create({
+ALGO = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), {
     "advantage": "group_zscore", "adv_eps": 1e-6, "gamma": 1.0, "lam": 1.0, "reward_ema_decay": None,
     "kl": {"coef": 0.0, "estimator": "k3", "placement": "loss"}, "overlong": {"filter": False},
     "sft_anchor_coef": 0.0, "sft_anchor_warmup": 0,

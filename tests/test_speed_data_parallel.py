@@ -4,7 +4,6 @@ placement that keeps replicas off each other's devices / cores."""
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from grpo_lab.models import MODEL_BUILDERS
 from grpo_lab.rollout.data_parallel import DataParallelEngine, placement_env, shard_bounds
@@ -77,16 +76,16 @@ def test_a_failing_replica_fails_the_call_after_all_have_ended(model_dir):
 def before_and_after_a_push(model_dir, sizes: list, generate_args: dict) -> list:
     """For each (key, size) vLLM setting in `sizes` (e.g. ("data_parallel_size", 2)): (rollout, rollout after pushing
     the same perturbed weights), from one engine started on the tiny model."""
-    from grpo_lab.rollout import make_engine
+    from grpo_lab.rollout import make_engine, rollout_section
 
     g = torch.Generator().manual_seed(2)
     ref = dict(HFEngine.from_dir(model_dir).model.named_parameters())
     new = [(k, v.detach() + 0.3 * torch.randn(v.shape, generator=g)) for k, v in ref.items()]
     results = []
     for key, size in sizes:
-        rollout = OmegaConf.create({"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
-                                    "enforce_eager": True, "dtype": "float32", key: size,
-                                    "kv_cache_bytes": VLLM_KV_CACHE_BYTES})
+        rollout = rollout_section(**{"engine": "vllm", "gpu_memory_utilization": 0.05, "max_model_len": 64,
+                                     "enforce_eager": True, "dtype": "float32", key: size,
+                                     "kv_cache_bytes": VLLM_KV_CACHE_BYTES})
         engine = make_engine(model_dir, rollout, seed=0)
         try:
             assert isinstance(engine, DataParallelEngine) == (key == "data_parallel_size" and size > 1)

@@ -30,14 +30,13 @@ def test_the_memory_plan_counts_the_bytes_not_the_share():
 def test_an_engine_sized_in_bytes_starts_whatever_memory_is_free(tmp_path):
     """0.99 of the machine's RAM is never free while anything else runs, so vLLM would refuse to start
     on the share; with kv_cache_bytes the share is ignored."""
-    from types import SimpleNamespace as NS
-
     from grpo_lab.models import MODEL_BUILDERS
-    from grpo_lab.rollout import make_engine
+    from grpo_lab.rollout import make_engine, rollout_section
 
     model_dir = MODEL_BUILDERS.get("tiny_llama")(tmp_path / "model", alphabet="0123456789+-=", seed=0)
-    engine = make_engine(model_dir, NS(engine="vllm", gpu_memory_utilization=0.99, max_model_len=64,
-                                       enforce_eager=True, dtype="float32", kv_cache_bytes=VLLM_KV_CACHE_BYTES), seed=0)
+    engine = make_engine(model_dir, rollout_section(engine="vllm", gpu_memory_utilization=0.99, max_model_len=64,
+                                                    enforce_eager=True, dtype="float32",
+                                                    kv_cache_bytes=VLLM_KV_CACHE_BYTES), seed=0)
     try:
         out = engine.generate(ragged_prompts(3), n=2, temperature=1.0, top_p=1.0, max_new_tokens=4, seed=0)
         assert len(out) == 6

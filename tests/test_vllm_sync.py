@@ -3,29 +3,33 @@ from the *new* policy — its logprobs equal the learner's for the same tokens (
 and differ from the pre-update policy's."""
 
 import copy
-from types import SimpleNamespace as NS
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from grpo_lab.learner.batch import collate, completion_logits, encode_prompt, token_logprobs
 from grpo_lab.learner.learner import Learner
 from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.models import MODEL_BUILDERS
+from grpo_lab.rollout import rollout_section
+from grpo_lab.schema import AlgorithmConfig, LearnerConfig
 from helpers import VLLM_KV_CACHE_BYTES
 
 pytestmark = pytest.mark.vllm
 
-ROLLOUT = NS(engine="vllm", gpu_memory_utilization=0.1, max_model_len=128, enforce_eager=True, dtype="float32",
-             kv_cache_bytes=VLLM_KV_CACHE_BYTES)
-ALGO = NS(name="grpo", objective="policy_gradient", policy_loss="clipped_surrogate", clip_low=0.2, clip_high=0.2,
-          dual_clip=None, aggregation="token_mean", epochs=1, minibatches=1, entropy_coef=0.0, tis_cap=None,
-          kl=NS(coef=0.0, estimator="k3", placement="loss"), critic=NS(enabled=False))
-LEARNER = NS(device="cpu", lr=3e-2, weight_decay=0.0, grad_clip=0.0, micro_batch_size=16)
+ROLLOUT = rollout_section(engine="vllm", gpu_memory_utilization=0.1, max_model_len=128, enforce_eager=True,
+                          dtype="float32", kv_cache_bytes=VLLM_KV_CACHE_BYTES)
+ALGO = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), dict(
+    name="grpo", objective="policy_gradient", policy_loss="clipped_surrogate", clip_low=0.2, clip_high=0.2,
+    dual_clip=None, aggregation="token_mean", epochs=1, minibatches=1, entropy_coef=0.0, tis_cap=None,
+    kl=dict(coef=0.0, estimator="k3", placement="loss"), critic=dict(enabled=False)))
+LEARNER = OmegaConf.merge(OmegaConf.structured(LearnerConfig), dict(
+    device="cpu", lr=3e-2, weight_decay=0.0, grad_clip=0.0, micro_batch_size=16, total_steps=10))
 # LoRA on every projection: each push carries merged W + (α/r)·B·A tensors made afresh and freed after
 # it, whose addresses the next push's tensors get (the case a pointer-and-version change filter missed).
-LEARNER_LORA = NS(**vars(LEARNER), lora=NS(rank=4, alpha=8.0, dropout=0.0, target_modules=[
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+LEARNER_LORA = OmegaConf.merge(LEARNER, dict(lora=dict(rank=4, alpha=8.0, dropout=0.0, target_modules=[
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])))
 
 
 def logprobs_under(model, rollout, pad_id):

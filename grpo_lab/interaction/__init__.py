@@ -40,16 +40,11 @@ def build_environment(cfg: Any, *, tokenizer: Any, task: Any) -> Environment | N
     return None if name is None else ENVIRONMENTS.get(name)(cfg, tokenizer=tokenizer, task=task)
 
 
-def _setting(interaction_cfg: Any, key: str) -> Any:
-    """interaction.<key>, or None when unset or when there is no interaction section at all."""
-    return interaction_cfg.get(key) if hasattr(interaction_cfg, "get") else None
-
-
 def reference_problem(interaction_cfg: Any, task: Any) -> str | None:
     """What is wrong with `task` for the configured environment or the environments its warm-up
     demonstrations are written in (None: nothing): an environment that compares answers with references
     (`needs_reference`) cannot serve items without one."""
-    own = _setting(interaction_cfg, "environment")
+    own = interaction_cfg.environment
     named = [n for n in environments_named(interaction_cfg) if ENVIRONMENTS.fact(n, "needs_reference")]
     if not named:
         return None
@@ -66,7 +61,7 @@ def reference_problem(interaction_cfg: Any, task: Any) -> str | None:
 def demo_environments(interaction_cfg: Any) -> list[str]:
     """Environments whose messages the warm-up's revision demonstrations are written in:
     interaction.warmup_demos_from when set, else the run's own environment (none when single-turn)."""
-    named, own = _setting(interaction_cfg, "warmup_demos_from"), _setting(interaction_cfg, "environment")
+    named, own = interaction_cfg.warmup_demos_from, interaction_cfg.environment
     if named:
         return [str(n) for n in named]
     return [] if own is None else [str(own)]
@@ -74,7 +69,7 @@ def demo_environments(interaction_cfg: Any) -> list[str]:
 
 def environments_named(interaction_cfg: Any) -> list[str]:
     """The run's environment (if any), then those its warm-up demonstrations are written in, each once."""
-    own = _setting(interaction_cfg, "environment")
+    own = interaction_cfg.environment
     return list(dict.fromkeys([*([str(own)] if own is not None else []), *demo_environments(interaction_cfg)]))
 
 

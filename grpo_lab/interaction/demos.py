@@ -46,9 +46,8 @@ def revision_demos(cfg: Any, items: list, tokenizer: Any, *, seed: int) -> list[
     demo_count(len(items), frac) of them, items drawn with replacement from a generator seeded by `seed`,
     the k-th in the words of the k-th environment of `demo_environments` (cycling), so that rows naming the
     same interaction.warmup_demos_from get the same demonstrations whatever environment they run."""
-    interaction = cfg.get("interaction") or {}
-    n = demo_count(len(items), float(interaction.get("warmup_revision_frac", 0.0) or 0.0))
-    names = demo_environments(interaction)
+    n = demo_count(len(items), float(cfg.interaction.warmup_revision_frac))
+    names = demo_environments(cfg.interaction)
     if not n or not names:   # single-turn without named environments: nothing to demonstrate
         return []
     messages_of = [ENVIRONMENTS.get(name).demo_message for name in names]

@@ -138,7 +138,7 @@ class Preference(Objective):
         chosen, rejected, weights = PAIRINGS.call(pref.pairing, batch["rewards"], batch["group_ids"],
                                                   **settings_of(pref))
         metrics = {"rollout/preference_pairs": float(len(chosen))}
-        flip_prob = pref.get("label_flip_prob", 0.0)   # a hand-built section may predate the key
+        flip_prob = pref.label_flip_prob
         if flip_prob > 0 and pref.pairs == "policy":
             chosen, rejected, flipped = flip_pairs(chosen, rejected, generator=label_noise_generator(seed, step),
                                                    flip_prob=flip_prob)

@@ -538,19 +538,13 @@ def compute_rewards(
 def contained_settings(reward_cfg: Any) -> dict[str, Any]:
     """The keyword arguments of :func:`compute_rewards` from a ``reward`` config section (``settings``:
     the sections reward functions read, e.g. ``judge`` for ``llm_judge``, as plain dicts)."""
-    out = {"timeout_s": reward_cfg.timeout_s, "on_error": float(reward_cfg.on_error),
-           "max_error_frac": float(reward_cfg.max_error_frac),
-           # Sections without these keys (written before they existed) keep the old behaviour.
-           "isolation": getattr(reward_cfg, "isolation", "thread"),
-           "max_consecutive_timeouts": getattr(reward_cfg, "max_consecutive_timeouts", None)}
-    judge = getattr(reward_cfg, "judge", None) if not isinstance(reward_cfg, dict) else reward_cfg.get("judge")
-    if judge is not None:
-        if hasattr(judge, "_metadata"):  # a DictConfig: resolve ${cache_dir} and the like
-            from omegaconf import OmegaConf
+    from omegaconf import OmegaConf
 
-            judge = OmegaConf.to_container(judge, resolve=True)
-        out["settings"] = {"judge": dict(judge)}
-    return out
+    return {"timeout_s": reward_cfg.timeout_s, "on_error": float(reward_cfg.on_error),
+            "max_error_frac": float(reward_cfg.max_error_frac), "isolation": reward_cfg.isolation,
+            "max_consecutive_timeouts": reward_cfg.max_consecutive_timeouts,
+            # Resolved (${cache_dir} and the like) and plain, for a reward worker process.
+            "settings": {"judge": OmegaConf.to_container(reward_cfg.judge, resolve=True)}}
 
 
 def is_correct(completion: str, item: Any) -> bool:

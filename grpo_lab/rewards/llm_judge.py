@@ -38,21 +38,17 @@ import math
 import re
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Mapping
 
 from grpo_lab.progress import heartbeat
+from grpo_lab.schema import JudgeConfig
 
 from .core import REWARDS, RewardValues
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TEMPLATE = (
-    "You are grading a student's answer to a question.\n\n"
-    "Question: {prompt}\n\nReference answer: {answer}\n\nStudent's response: {completion}\n\n"
-    "If the student's final answer agrees with the reference answer, reply 'Score: 10/10'; if it does not, "
-    "reply 'Score: 0/10'. Then give one sentence of feedback."
-)
+# The schema's reward.judge.template (the one source of the default).
+DEFAULT_TEMPLATE = JudgeConfig.template
 
 # "Score: 7/10", "score = 7 out of 10", "Score: **8**", "SCORE: 0.5/1" (case-insensitive).
 _SCORE = re.compile(r"score\s*(?:[:=]|is)?\s*\**\s*(-?\d+(?:\.\d+)?)\s*\**\s*(?:(?:/|out of)\s*(\d+(?:\.\d+)?))?",
@@ -92,16 +88,16 @@ _LOCK = threading.Lock()
 def _key(judge: Mapping[str, Any]) -> tuple:
     keys = ("builder", "path", "cache_dir", "engine", "dtype", "max_model_len", "gpu_memory_utilization",
             "chat_template", "system_prompt")
-    return tuple(str(judge.get(k)) for k in keys)
+    return tuple(str(judge[k]) for k in keys)
 
 
 def judge_model_dir(judge: Mapping[str, Any]) -> Path:
     """The judge's HF model directory: built (and cached) by its builder, once per builder."""
     from grpo_lab.models import MODEL_BUILDERS
 
-    builder = str(judge.get("builder", "smollm2_135m"))
-    cache = Path(str(judge.get("cache_dir") or ".cache/grpo_lab/models"))
-    kwargs = {"path": judge["path"]} if judge.get("path") else {}
+    builder = str(judge["builder"])
+    cache = Path(str(judge["cache_dir"]))
+    kwargs = {"path": judge["path"]} if judge["path"] else {}
     # One cached copy per builder, shared by every run, task and seed (pretrained returns `path` itself).
     return Path(MODEL_BUILDERS.call(builder, cache / f"judge_{builder}", alphabet="", seed=0, **kwargs))
 
@@ -132,21 +128,17 @@ def _start(judge: Mapping[str, Any]) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 
     from grpo_lab.prompts import configure_tokenizer
-    from grpo_lab.rollout import ROLLOUT_ENGINES
+    from grpo_lab.rollout import ROLLOUT_ENGINES, rollout_section
 
     model_dir = judge_model_dir(judge)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    configure_tokenizer(tokenizer, chat_template=str(judge.get("chat_template") or "auto"),
-                        system_prompt=judge.get("system_prompt"))
-    engine_cfg = SimpleNamespace(
-        gpu_memory_utilization=float(judge.get("gpu_memory_utilization", 0.25)),
-        max_model_len=int(judge.get("max_model_len", 2048)), enforce_eager=True,
-        dtype=str(judge.get("dtype", "float32")), generate_timeout_s=judge.get("generate_timeout_s"),
-        sync_timeout_s=None)
-    with heartbeat(f"judge: starting {model_dir} ({judge.get('engine', 'vllm')} engine; vLLM on a CPU: about a "
-                   "minute)"):
-        engine = ROLLOUT_ENGINES.get(str(judge.get("engine", "vllm")))(model_dir, engine_cfg, seed=0,
-                                                                       device="cpu")
+    configure_tokenizer(tokenizer, chat_template=str(judge["chat_template"]), system_prompt=judge["system_prompt"])
+    engine_cfg = rollout_section(
+        engine=judge["engine"], gpu_memory_utilization=judge["gpu_memory_utilization"],
+        max_model_len=judge["max_model_len"], enforce_eager=True, dtype=judge["dtype"],
+        generate_timeout_s=judge["generate_timeout_s"], sync_timeout_s=None)
+    with heartbeat(f"judge: starting {model_dir} ({judge['engine']} engine; vLLM on a CPU: about a minute)"):
+        engine = ROLLOUT_ENGINES.get(str(judge["engine"]))(model_dir, engine_cfg, seed=0, device="cpu")
     return engine, tokenizer
 
 
@@ -221,16 +213,16 @@ def llm_judge(completions: list[str], *, prompt: list[str], answer: list[str], j
     from grpo_lab.prompts import encode_prompt
 
     engine, tok = start_judge(judge)
-    prefix = str(judge.get("response_prefix") or "")
+    prefix = str(judge["response_prefix"])
     prefix_ids = tok.encode(prefix, add_special_tokens=False) if prefix else []
-    max_chars = judge.get("max_completion_chars")
-    ids = [encode_prompt(tok, render_judge_prompt(str(judge.get("template", DEFAULT_TEMPLATE)), prompt=p,
+    max_chars = judge["max_completion_chars"]
+    ids = [encode_prompt(tok, render_judge_prompt(str(judge["template"]), prompt=p,
                                                   completion=c, answer=a, max_chars=max_chars)) + prefix_ids
            for c, p, a in zip(completions, prompt, answer)]
-    out = engine.generate(ids, n=1, temperature=0.0, top_p=1.0, max_new_tokens=int(judge.get("max_new_tokens", 48)),
+    out = engine.generate(ids, n=1, temperature=0.0, top_p=1.0, max_new_tokens=int(judge["max_new_tokens"]),
                           seed=0, logprobs=False)
     texts = [prefix + t for t in out.texts]
-    scores = [parse_score(t, float(judge.get("score_max", 10.0))) for t in texts]
+    scores = [parse_score(t, float(judge["score_max"])) for t in texts]
     return RewardValues([math.nan if s is None else s for s in scores], info={"feedback": texts})
 
 

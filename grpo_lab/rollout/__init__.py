@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from grpo_lab.registry import Registry
 from grpo_lab.rollout.base import Rollout, RolloutEngine
 from grpo_lab.rollout.errors import EngineDeadError, EngineTimeoutError, RolloutEngineError
+from grpo_lab.schema import Config, RolloutConfig
 
 # Facts: `requires_module` (a module that must be importable, checked before anything loads; None =
 # none), `own_process` (the engine computes in processes of its own, beside the learner's threads) and
@@ -21,18 +25,18 @@ ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None, 
 def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
     from grpo_lab.rollout.vllm_engine import VLLMEngine  # imports vllm only when chosen
 
-    tp, dp = int(getattr(rollout_cfg, "tensor_parallel_size", 1)), int(getattr(rollout_cfg, "data_parallel_size", 1))
+    tp, dp = int(rollout_cfg.tensor_parallel_size), int(rollout_cfg.data_parallel_size)
 
     def replica(k: int = 0) -> RolloutEngine:
         return VLLMEngine(model_dir, gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
                           max_model_len=rollout_cfg.max_model_len, enforce_eager=rollout_cfg.enforce_eager,
                           dtype=rollout_cfg.dtype, seed=seed, tensor_parallel_size=tp,
-                          kv_cache_bytes=getattr(rollout_cfg, "kv_cache_bytes", None),
-                          generate_timeout_s=getattr(rollout_cfg, "generate_timeout_s", None),
-                          sync_timeout_s=getattr(rollout_cfg, "sync_timeout_s", None),
-                          sync_transport=getattr(rollout_cfg, "sync_transport", "auto"),
-                          sync_bucket_mb=getattr(rollout_cfg, "sync_bucket_mb", 256),
-                          sync_changed_only=getattr(rollout_cfg, "sync_changed_only", True),
+                          kv_cache_bytes=rollout_cfg.kv_cache_bytes,
+                          generate_timeout_s=rollout_cfg.generate_timeout_s,
+                          sync_timeout_s=rollout_cfg.sync_timeout_s,
+                          sync_transport=rollout_cfg.sync_transport,
+                          sync_bucket_mb=rollout_cfg.sync_bucket_mb,
+                          sync_changed_only=rollout_cfg.sync_changed_only,
                           learner_device=str(device).split(":")[0], placement=(k, dp))
 
     if dp == 1:
@@ -46,12 +50,21 @@ def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEng
 def _hf(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
     from grpo_lab.rollout.hf_engine import HFEngine
     return HFEngine.from_dir(model_dir, dtype=rollout_cfg.dtype, device=device,
-                             sampler=getattr(rollout_cfg, "sampler", "generate"))
+                             sampler=rollout_cfg.sampler)
+
+
+def rollout_section(**values: Any) -> DictConfig:
+    """A whole typed ``rollout`` section, the schema's defaults under `values` (max_new_tokens resolved
+    from the default task's unless given), for an engine started outside a run's config: the judge's,
+    the critic LLM's, a test's."""
+    whole = OmegaConf.merge(OmegaConf.structured(Config), {"rollout": values})
+    return OmegaConf.merge(OmegaConf.structured(RolloutConfig), OmegaConf.to_container(whole.rollout, resolve=True))
 
 
 def make_engine(model_dir: Path, rollout_cfg, *, seed: int, device: str = "cpu") -> RolloutEngine:
+    """The engine `rollout_cfg` (a whole rollout section: the run's, or `rollout_section(...)`) names."""
     return ROLLOUT_ENGINES.get(rollout_cfg.engine)(model_dir, rollout_cfg, seed=seed, device=device)
 
 
-__all__ = ["Rollout", "RolloutEngine", "ROLLOUT_ENGINES", "make_engine", "RolloutEngineError", "EngineDeadError",
-           "EngineTimeoutError"]
+__all__ = ["Rollout", "RolloutEngine", "ROLLOUT_ENGINES", "make_engine", "rollout_section", "RolloutEngineError",
+           "EngineDeadError", "EngineTimeoutError"]

@@ -100,8 +100,7 @@ class EngineProcess:
     engine calls (RolloutPipeline.wait_idle before every push and evaluation)."""
 
     def __init__(self, model_dir: Path, rollout_cfg, *, seed: int, device: str = "cpu", num_threads: int = 1):
-        config = OmegaConf.to_container(rollout_cfg, resolve=True) if OmegaConf.is_config(rollout_cfg) \
-            else dict(vars(rollout_cfg) if hasattr(rollout_cfg, "__dict__") else rollout_cfg)
+        config = OmegaConf.to_container(rollout_cfg, resolve=True)
         # The engine's changed-only filter keys tensors by storage address and version counter. Tensors
         # that arrive through shared memory are new objects at version 0, and torch maps a storage it has
         # seen before at the same address: after the first push every tensor would look unchanged and

@@ -75,7 +75,7 @@ from grpo_lab.models import MODEL_BUILDERS, build_model_dir
 from grpo_lab.models.builders import settings_errors
 from grpo_lab.prompts import uses_chat_template
 from grpo_lab.registry import Registry
-from grpo_lab.rollout import make_engine
+from grpo_lab.rollout import make_engine, rollout_section
 from grpo_lab.rollout.hf_engine import SAMPLERS
 from grpo_lab.schema import AlgorithmConfig, ConfigError, CriticLLMConfig
 from grpo_lab.second_models.base import SecondModel
@@ -96,9 +96,8 @@ def training_mode(train: Any) -> str:
 def critic_config(cfg: DictConfig) -> DictConfig:
     """The typed, checked ``interaction.critic`` section of the run config `cfg` (an unknown key or a
     bad value raises a ConfigError naming the key, before any model is built)."""
-    section = OmegaConf.select(cfg, "interaction.critic", default=None) or {}
     try:
-        c = OmegaConf.merge(OmegaConf.structured(CriticLLMConfig), section)
+        c = OmegaConf.merge(OmegaConf.structured(CriticLLMConfig), cfg.interaction.critic)
     except Exception as err:   # OmegaConf's own message names the key and the type
         raise ConfigError(f"interaction.critic: {err}") from err
     errors = _config_errors(c)
@@ -200,15 +199,15 @@ class CriticEnvironment:
     def __init__(self, cfg: DictConfig, *, tokenizer=None, task):
         self.config = critic_config(cfg)
         self.mode = training_mode(self.config.train)
-        self.seed = int(OmegaConf.select(cfg, "seed", default=0))
-        cache_dir = Path(OmegaConf.select(cfg, "cache_dir", default=".cache/grpo_lab"))
+        self.seed = int(cfg.seed)
+        cache_dir = Path(cfg.cache_dir)
         # Digits and '-' too: perturbed candidates may hold a sign the task's answers never do.
         alphabet = task.alphabet() + COMPACT_CHARS + "-0123456789"
         base_dir = build_model_dir(self.config.model, alphabet=alphabet, seed=self.seed, cache_dir=cache_dir)
         self.format = feedback_format(AutoTokenizer.from_pretrained(str(base_dir)), self.config.feedback_format)
         self.model_dir, self.warmup_stats = warm_up_critic(base_dir, task, self.format, self.config,
                                                            cache_dir=cache_dir, seed=self.seed)
-        rollout = OmegaConf.create({"engine": "hf", "dtype": "float32", "sampler": self.config.sampler})
+        rollout = rollout_section(engine="hf", dtype="float32", sampler=self.config.sampler)
         self.engine = make_engine(self.model_dir, rollout, seed=self.seed, device="cpu")
         self.tokenizer = self.engine.tokenizer
         self.critic = SecondModel(self.model_dir, lr=self.config.lr, grad_clip=self.config.grad_clip,

@@ -95,11 +95,11 @@ def task_label(task_cfg: Any) -> str:
     ``run_label`` fact (a local dataset: its file's stem), else ``task.name`` for a registered source, else
     a plug-in factory's name (``my_pkg.tasks:arith_words`` -> ``arith_words``; not imported here, so a
     run name never depends on the plug-in being importable)."""
-    source = str(task_cfg.get("source") or "reasoning_gym")
+    source = str(task_cfg.source)
     if ":" in source or "." in source:  # a plug-in path (registered names have neither)
         return source.rpartition(":")[2] if ":" in source else source.rpartition(".")[2]
     label = TASKS.fact(source, "run_label") if source in TASKS.names() else None
-    return str(label(task_cfg)) if label is not None else str(task_cfg.get("name"))
+    return str(label(task_cfg)) if label is not None else str(task_cfg.name)
 
 
 def build_task(task_cfg: Any) -> Task:

@@ -253,7 +253,7 @@ def check_local_dataset(t: Any, errors: list[str]) -> None:
 def local_dataset_label(t: Any) -> str:
     """The data's name for run names and tags: the stem of task.path (a hub name's last part), else of
     the train file in task.splits; the default task's name would call every local dataset chain_sum."""
-    path = t.get("path") or _split_files(t.get("splits")) or "local_dataset"
+    path = t.path or _split_files(t.splits) or "local_dataset"
     if isinstance(path, Mapping):
         path = path.get("train") or next(iter(path.values()))
     name = Path(str(path).rstrip("/")).name
