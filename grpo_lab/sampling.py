@@ -161,7 +161,7 @@ _NOISE_SEED_OFFSET = 7_919
 def group_size_at(step: int, rollout_cfg) -> int:
     """G for this step: `rollout.group_size`, or the last `group_size_schedule` entry whose start step
     has been reached (e.g. {1: 4, 50: 8, 100: 16} grows G as the policy gets better and groups agree more)."""
-    schedule = rollout_cfg.get("group_size_schedule") or {}
+    schedule = rollout_cfg.group_size_schedule or {}
     started = [int(s) for s in schedule if int(s) <= step]
     return int(schedule[max(started)]) if started else int(rollout_cfg.group_size)
 
@@ -197,10 +197,9 @@ class GroupSampler:
         self.calls += 1
         t0 = time.time()
         seed = self.seed * 1_000_003 + self.calls * 10_007
-        interaction = self.cfg.get("interaction")
+        interaction = self.cfg.interaction
         rollout = rollout_phase(self.engine, self.tokenizer, items, self.cfg.rollout, group_size=self.group_size,
-                                seed=seed, environment=self.environment,
-                                max_turns=interaction.max_turns if interaction is not None else 1)
+                                seed=seed, environment=self.environment, max_turns=interaction.max_turns)
         t1 = time.time()
         scored, metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
                                        max_new_tokens=self.cfg.rollout.max_new_tokens, seed=seed,
