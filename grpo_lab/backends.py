@@ -18,7 +18,6 @@ import os
 from pathlib import Path
 
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from grpo_lab.learner import distributed
 from grpo_lab.learner.learner import Learner, set_cpu_threads
@@ -108,7 +107,7 @@ def make_learner(cfg, policy_dir: Path, **learner_kwargs):
     if cfg.learner.strategy != "fsdp2":
         return _learner(cfg, policy_dir, learner_kwargs)
     distributed.init()
-    dist.broadcast_object_list([(OmegaConf.to_container(cfg, resolve=True), str(policy_dir), learner_kwargs)], src=0)
+    dist.broadcast_object_list([(cfg, str(policy_dir), learner_kwargs)], src=0)   # typed sections pickle whole
     return LearnerGroup(_learner(cfg, policy_dir, learner_kwargs))
 
 
@@ -117,8 +116,7 @@ def follow() -> None:
     distributed.init()
     box = [None]
     dist.broadcast_object_list(box, src=0)
-    cfg_dict, policy_dir, learner_kwargs = box[0]
-    cfg = OmegaConf.create(cfg_dict)
+    cfg, policy_dir, learner_kwargs = box[0]
     set_cpu_threads(cfg.learner.num_threads or int(os.environ.get("OMP_NUM_THREADS") or 1))
     learner = _learner(cfg, policy_dir, learner_kwargs)
     try:

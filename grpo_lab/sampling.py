@@ -21,7 +21,6 @@ import zlib
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import OmegaConf
 
 from grpo_lab.algos import ema_reward_normalize, group_stats, informative_group_mask, soft_overlong_penalty
 from grpo_lab.interaction import multi_turn_rollout, score_turns, turn_metrics
@@ -29,6 +28,7 @@ from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
 from grpo_lab.rewards import compute_rewards, contained_settings, is_correct, stop_reward_worker
 from grpo_lab.rewards.noise import REWARD_NOISE, noise_metrics
 from grpo_lab.rollout import Rollout
+from grpo_lab.schema import as_dict
 
 
 class PromptStream:
@@ -149,7 +149,7 @@ def noisy_rewards(clean: torch.Tensor, rollout: Rollout, seq_items: list, noise_
         noise_cfg.kind, clean, generator=generator, seed=judge_seed, max_new_tokens=max_new_tokens,
         prompt_keys=torch.tensor([zlib.crc32(repr(it.prompt).encode()) for it in seq_items]),
         lengths=torch.tensor([len(c) for c in rollout.completion_ids]),
-        **OmegaConf.to_container(noise_cfg, resolve=True))
+        **as_dict(noise_cfg))
     metrics = {**metrics, **noise_metrics(clean, noisy)}
     return noisy, {f"reward/{k}": v for k, v in metrics.items()}
 

@@ -9,6 +9,8 @@ OmegaConf's message. Value constraints that types cannot express are checked by
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -573,3 +575,26 @@ class Config:
     run_name: Optional[str] = None
     # Shared cache for built models and warmed-up checkpoints (relative to the launch directory).
     cache_dir: str = ".cache/grpo_lab"
+
+
+def typed_sections(cfg) -> Config:
+    """A run's resolved config as the schema's dataclasses: every section a typed object (attribute access
+    only; no defaults left to restate), built once at the top of a run, each part of the run then handed
+    its own section. Top-level keys outside the schema (a table's `variant` label) are left out."""
+    from omegaconf import OmegaConf
+
+    known = {f.name for f in dataclasses.fields(Config)}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+                                               {k: v for k, v in cfg.items() if k in known}))
+
+
+def as_dict(section) -> dict:
+    """A config section's values as a plain dict, whatever carries it: a typed section (a dataclass of
+    this schema), an OmegaConf node (resolved) or a mapping."""
+    if dataclasses.is_dataclass(section):
+        return dataclasses.asdict(section)
+    if hasattr(section, "_metadata"):   # an OmegaConf node, without importing OmegaConf here
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(section, resolve=True)
+    return dict(section) if isinstance(section, Mapping) else dict(vars(section))

@@ -32,6 +32,7 @@ from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.progress import heartbeat
 from grpo_lab.run_setup import RunParts, assemble, log_initial_eval
 from grpo_lab.sampling import rollout_metrics, to_learner_batch
+from grpo_lab.schema import typed_sections
 
 
 class NonFiniteError(RuntimeError):
@@ -198,7 +199,8 @@ def finish(run: RunParts, recorder: RunRecorder, loop: LoopState) -> dict:
 def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
     """One run: its parts built from the config (`assemble`), the loop of phases the module docstring names,
     and the evaluation after training; the parts close however the run ends."""
-    run = assemble(cfg, resume_from)
+    # Typed sections (the schema's dataclasses), built once: every part of the run receives its own.
+    run = assemble(typed_sections(cfg), resume_from)
     try:
         loop = begin(run, recorder)
         progress = ProgressLine(total=run.trainer.total_steps, desc=cfg.run_name, start=loop.step)

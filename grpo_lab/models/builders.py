@@ -133,12 +133,11 @@ def build_model_dir(model_cfg, *, alphabet: str, seed: int, cache_dir: Path) -> 
     """The model a `model` config section describes, built (or found) in the cache: a converted
     pretrained model is cached once per model, a from-scratch one per alphabet and seed. The policy and
     every second model (the critic LLM, a reward model's trunk) are built here."""
-    from omegaconf import OmegaConf
-
     from grpo_lab.cache import cache_key
     from grpo_lab.progress import heartbeat
+    from grpo_lab.schema import as_dict
 
-    model_kwargs = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if v is not None}
+    model_kwargs = {k: v for k, v in as_dict(model_cfg).items() if v is not None}
     builder = model_kwargs.pop("builder")
     per_task = MODEL_BUILDERS.fact(builder, "per_task")
     out_dir = Path(cache_dir) / "models" / (cache_key(model_cfg, alphabet, seed) if per_task else cache_key(model_cfg))

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from omegaconf import OmegaConf
 
 from grpo_lab.registry import Registry
+from grpo_lab.schema import as_dict
 
 # name -> Objective instance (algorithm.objective).
 OBJECTIVES = Registry("training objective")
@@ -16,7 +16,7 @@ OBJECTIVES = Registry("training objective")
 def settings_of(section) -> dict:
     """A config section as plain keyword arguments for ``Registry.call`` (which passes each registered
     function only the ones its signature names)."""
-    return OmegaConf.to_container(section, resolve=True) if OmegaConf.is_config(section) else dict(vars(section))
+    return as_dict(section)
 
 
 @dataclass(frozen=True)

@@ -538,13 +538,13 @@ def compute_rewards(
 def contained_settings(reward_cfg: Any) -> dict[str, Any]:
     """The keyword arguments of :func:`compute_rewards` from a ``reward`` config section (``settings``:
     the sections reward functions read, e.g. ``judge`` for ``llm_judge``, as plain dicts)."""
-    from omegaconf import OmegaConf
+    from grpo_lab.schema import as_dict
 
     return {"timeout_s": reward_cfg.timeout_s, "on_error": float(reward_cfg.on_error),
             "max_error_frac": float(reward_cfg.max_error_frac), "isolation": reward_cfg.isolation,
             "max_consecutive_timeouts": reward_cfg.max_consecutive_timeouts,
             # Resolved (${cache_dir} and the like) and plain, for a reward worker process.
-            "settings": {"judge": OmegaConf.to_container(reward_cfg.judge, resolve=True)}}
+            "settings": {"judge": as_dict(reward_cfg.judge)}}
 
 
 def is_correct(completion: str, item: Any) -> bool:

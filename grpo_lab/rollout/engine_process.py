@@ -35,6 +35,7 @@ import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory ten
 from omegaconf import OmegaConf
 
 from grpo_lab.rollout.errors import EngineDeadError, RolloutEngineError
+from grpo_lab.schema import as_dict
 
 _SPAWN = mp.get_context("spawn")   # no fork: the parent holds torch and OpenMP thread pools
 _POLL_S = 0.25                     # how often a waiting call checks that the child is still alive
@@ -100,7 +101,7 @@ class EngineProcess:
     engine calls (RolloutPipeline.wait_idle before every push and evaluation)."""
 
     def __init__(self, model_dir: Path, rollout_cfg, *, seed: int, device: str = "cpu", num_threads: int = 1):
-        config = OmegaConf.to_container(rollout_cfg, resolve=True)
+        config = as_dict(rollout_cfg)
         # The engine's changed-only filter keys tensors by storage address and version counter. Tensors
         # that arrive through shared memory are new objects at version 0, and torch maps a storage it has
         # seen before at the same address: after the first push every tensor would look unchanged and

@@ -108,11 +108,9 @@ def build_task(task_cfg: Any) -> Task:
     Every set (non-null) field except ``source`` and ``max_completion_tokens`` is offered to the
     factory, which receives the ones its signature names (all of them if it takes ``**kwargs``).
     """
-    if hasattr(task_cfg, "_metadata"):  # a DictConfig
-        from omegaconf import OmegaConf
+    from grpo_lab.schema import as_dict
 
-        task_cfg = OmegaConf.to_container(task_cfg, resolve=True)
-    fields = {k: v for k, v in dict(task_cfg).items() if v is not None}
+    fields = {k: v for k, v in as_dict(task_cfg).items() if v is not None}
     fields.pop("max_completion_tokens", None)
     # A registered source or a plug-in factory "package.module:function" (grpo_lab.registry).
     task = TASKS.call(fields.pop("source", "reasoning_gym"), **fields)
