@@ -201,6 +201,7 @@ class RunParts:
     evaluator: Evaluator
     trainer: Any
     seed: int
+    learner_lr: float   # named when the weights turn non-finite (the learner may be a remote proxy)
     environment: Any = None
     state: dict | None = None
 
@@ -267,7 +268,7 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
                                  environment=environment)
         return RunParts(start, learner, engine, RolloutPipeline(sampler, cfg, max_staleness=cfg.trainer.max_staleness),
                         objective, cfg.algorithm, RewardNormalizer(cfg.algorithm.reward_ema_decay), evaluator,
-                        cfg.trainer, cfg.seed, environment, state)
+                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state)
     except BaseException:
         if environment is not None:
             environment.close()

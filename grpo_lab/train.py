@@ -137,7 +137,7 @@ def learn(run: RunParts, scored, metrics: dict, step: int) -> bool:
     bad = metrics.get("actor/nonfinite_updates", 0.0) > 0
     if not run.learner.parameters_finite():
         raise NonFiniteError(f"the policy's weights became NaN/inf at step {step} (learner.lr="
-                             f"{run.learner.cfg.lr:g}); lower learner.lr or set learner.grad_clip; no "
+                             f"{run.learner_lr:g}); lower learner.lr or set learner.grad_clip; no "
                              "checkpoint was written over them")
     return bad
 

@@ -39,7 +39,9 @@ def main(argv: list[str]) -> int:
 
     def trace(frame, event, arg):
         code = frame.f_code
-        if event == "call" and code.co_name == "step" and "torch/optim" in code.co_filename:
+        # A torch optimizer's step (not an LR scheduler's, which steps once when it is built).
+        if event == "call" and code.co_name == "step" and "torch/optim" in code.co_filename \
+                and "lr_scheduler" not in code.co_filename:
             raise FirstStep
         if code.co_filename.startswith(str(PACKAGE)) and not (event == "call" and code.co_name == "<module>"):
             lines[code.co_filename].add(frame.f_lineno)
