@@ -105,6 +105,11 @@ CATALOGUE = [
     (['rollout=vllm', 'rollout.dtype=fp7'], 'rollout.dtype'),
     (['rollout.gpu_memory_utilization=1.0'], 'rollout.gpu_memory_utilization'),
     (['task.source=local_dataset', 'task.path=/data/a.jsonl', 'task.splits=train'], 'task.splits'),
+    # The run directory's name (a run directory given with hydra.run.dir does not go through the resolver).
+    (['run_name=x/../../escaped'], 'run_name'),
+    (['run_name=a\\\\b'], 'run_name'),
+    (['run_name=.hidden'], 'run_name'),
+    (["run_name=''"], 'run_name'),
 ]
 
 
