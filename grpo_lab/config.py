@@ -29,8 +29,28 @@ def register_configs() -> None:
     run's name). Entry points call this explicitly before Hydra composes; it is idempotent."""
     ConfigStore.instance().store(name="base_config", node=Config)
     if not OmegaConf.has_resolver("grpo_run_name"):
-        OmegaConf.register_new_resolver(
-            "grpo_run_name", lambda *, _root_: _root_.run_name or derive_run_name(_root_))
+        OmegaConf.register_new_resolver("grpo_run_name", _run_dir_name)
+
+
+def run_name_error(name: Any) -> str | None:
+    """Why `run_name` cannot name a run directory (None: it can). It becomes part of a path, so it must be
+    one plain component: `x/../../tmp` would put a run's record outside outputs/."""
+    if name is not None and (not isinstance(name, str) or not name or name.startswith(".") or ".." in name
+                             or any(c in name for c in "/\\\0")):
+        return (f"run_name={name!r} names the run's directory, so it must be one plain path component: not empty, "
+                "no '/', '\\', '..' or NUL, not starting with '.'; choose e.g. run_name=my_run, or leave it unset "
+                "to derive one from the settings")
+    return None
+
+
+def _run_dir_name(*, _root_: DictConfig) -> str:
+    """The `grpo_run_name` resolver. Hydra resolves the run directory (hydra.run.dir, hydra.sweep.subdir)
+    before it creates it, so a bad run_name refused here leaves nothing on disk. It ends the launch
+    (SystemExit) rather than raising: OmegaConf would wrap an error, and Hydra report it as a page of
+    OmegaConf frames (and an AssertionError of its own formatting) instead of the message."""
+    if (error := run_name_error(_root_.run_name)) is not None:
+        raise SystemExit(f"invalid config: {error}")
+    return _root_.run_name or derive_run_name(_root_)
 
 
 # transformers' attention kernels a learner may ask for (None = the model's default).
@@ -72,6 +92,9 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     from grpo_lab.validation_io import validate_rollout_reward_task
 
     errors: list[str] = []
+    # Also here: a run directory given explicitly (hydra.run.dir=...) does not go through the resolver.
+    if (error := run_name_error(cfg.get("run_name"))) is not None:
+        errors.append(error)
     # A NaN or inf anywhere (a learning rate, a reward weight, a clip range) silently ruins a run.
     for bad in _non_finite_floats(OmegaConf.to_container(cfg, resolve=True)):
         errors.append(f"{bad} is not a finite number; set it to a finite value")
@@ -405,7 +428,7 @@ def finalize(cfg: DictConfig) -> DictConfig:
     """Fill derived values once and resolve interpolations: the returned config is what is run and logged."""
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     OmegaConf.set_struct(cfg, False)
-    if not cfg.run_name:
+    if cfg.run_name is None:   # an empty one is refused by validate, not replaced
         cfg.run_name = derive_run_name(cfg)
     OmegaConf.set_struct(cfg, True)
     return cfg

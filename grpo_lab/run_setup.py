@@ -13,6 +13,7 @@ objective, evaluator) built once from its own section of the config, so the loop
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,14 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed, *data, *demo_key)
     stats = warmup_sft(base_dir, warm_dir, task, cfg.warmup, max_new_tokens=cfg.rollout.max_new_tokens,
                        seed=cfg.seed, device=device, demos=demos)
+    if stats.get("reached_target") is False:
+        # RL from a policy that rarely answers right earns few rewards (most advantages 0): say so before it
+        # starts, not only in summary.json (a cached warm-up says it again).
+        w = cfg.warmup
+        print(f"warning: the warm-up ended after {stats['steps']} steps at sampled dev accuracy "
+              f"{stats['sampled_dev_accuracy']:.3g}, short of warmup.target_sampled_dev_accuracy="
+              f"{w.target_sampled_dev_accuracy:g}; RL starts from it anyway. Raise warmup.max_steps (now "
+              f"{w.max_steps}) or lower warmup.target_sampled_dev_accuracy", file=sys.stderr, flush=True)
     return warm_dir, stats
 
 

@@ -54,7 +54,20 @@ from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, jobs_overl
                                     machine_description, merge_added_launch, new_launch, repeated_jobs_problem,
                                     run_table, same_launch, seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
-from grpo_lab.tables.record import restore
+from grpo_lab.tables.record import record_paths, restore
+
+
+def seed_list(flag: str):
+    """argparse type of a comma list of seeds (argparse names the flag): a bad one is refused, an empty one
+    too (it runs nothing, and `--add-seeds ''` would otherwise read as a plain launch that moves the runs aside)."""
+    def parse(text: str) -> list[int]:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"empty: give the seeds to run, e.g. {flag} 3,4")
+        try:
+            return [int(s) for s in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of seeds (e.g. {flag} 3,4)") from None
+    return parse
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -75,11 +88,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--launcher", default=os.environ.get("LAUNCHER") or None,
                    help="Hydra launcher plugin: basic (default), joblib, submitit_local, submitit_slurm")
     p.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "2")), help="joblib: parallel jobs")
-    p.add_argument("--seeds", help="comma list overriding the table's seeds")
+    p.add_argument("--seeds", type=seed_list("--seeds"), help="comma list overriding the table's seeds")
     p.add_argument("--variants", help="comma list: run only these variants")
-    p.add_argument("--add-seeds", help="comma list: run these further seeds into the table's existing runs (same "
-                                       "extra overrides as the first launch) and rebuild it from all of them; "
-                                       "warm-ups are cached per seed, so only the new seeds cost")
+    p.add_argument("--add-seeds", type=seed_list("--add-seeds"),
+                   help="comma list: run these further seeds into the table's existing runs (same extra overrides "
+                        "as the first launch) and rebuild it from all of them; warm-ups are cached per seed, so "
+                        "only the new seeds cost")
     p.add_argument("--add-rows", action="store_true",
                    help="run this launch's jobs into the table's existing runs and rebuild it from all of them: "
                         "rows the first launch left out, e.g. `-- algorithm.epochs=4` after `-- algorithm.epochs=1` "
@@ -175,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.table)
         plan = make_plan(spec, smoke=args.smoke, scale=args.scale, extra=extra, runs_root=args.runs_root,
                          tables_root=args.tables_root, launcher=args.launcher, jobs=args.jobs,
-                         seeds=[int(s) for s in (args.add_seeds or args.seeds).split(",")]
-                         if (args.add_seeds or args.seeds) else None,
+                         seeds=args.add_seeds or args.seeds,
                          only=args.variants.split(",") if args.variants else None)
     except TableSpecError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -192,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         print(state.status_text(plan.runs_dir, spec.name, planned_jobs=len(plan.jobs())))
         return 0
     restored: list[str] = []
-    if (args.report_only or args.sft_only or args.add_seeds or args.add_rows) and not plan.smoke:
+    # A dry run writes nothing: its checks read the committed record instead (below).
+    if (args.report_only or ((args.sft_only or args.add_seeds or args.add_rows) and not args.dry_run)) \
+            and not plan.smoke:
         # A fresh checkout has the table's committed record but not its run directories: bring those
         # back first, so the table is extended (or rebuilt) and never replaced (grpo_lab/tables/record.py).
         try:
@@ -244,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         # Checked before anything runs: the new runs join the table's, never replace or repeat one.
         flag = "--add-seeds" if args.add_seeds else "--add-rows"
         meta = plan.runs_dir / "table_meta.json"
+        if args.dry_run and not meta.exists() and not plan.smoke and record_paths(plan)[1].exists():
+            meta = record_paths(plan)[1]   # what a launch would restore first; the dry run restores nothing
+            print(f"[make_table] dry run: checked against {meta}; a launch restores the table's runs from its "
+                  "record first", file=sys.stderr)
         problem = None
         if args.add_seeds and args.add_rows:
             problem = "--add-seeds and --add-rows are two different launches: run one, then the other"

@@ -105,6 +105,11 @@ CATALOGUE = [
     (['rollout=vllm', 'rollout.dtype=fp7'], 'rollout.dtype'),
     (['rollout.gpu_memory_utilization=1.0'], 'rollout.gpu_memory_utilization'),
     (['task.source=local_dataset', 'task.path=/data/a.jsonl', 'task.splits=train'], 'task.splits'),
+    # The run directory's name (a run directory given with hydra.run.dir does not go through the resolver).
+    (['run_name=x/../../escaped'], 'run_name'),
+    (['run_name=a\\\\b'], 'run_name'),
+    (['run_name=.hidden'], 'run_name'),
+    (["run_name=''"], 'run_name'),
 ]
 
 
@@ -152,3 +157,38 @@ def test_a_missing_judge_path_is_left_to_the_machine_that_runs():
     """reward.judge.path names a directory of the machine that runs: validate(machine=False) does not ask."""
     validate(compose_cfg(["reward=llm_judge", "reward.judge.builder=pretrained", "reward.judge.path=/nonexistent",
                           "learner.memory_plan=off"]), machine=False)
+
+
+def _problems(overrides) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(overrides))
+    return str(err.value).split("\n  - ")[1:]
+
+
+def test_a_group_size_no_estimator_fits_says_to_raise_it():
+    """G=0: no advantage estimator learns from it, so the message names none to switch to; G=1 names the
+    batch-level one."""
+    (zero,) = [p for p in _problems(["rollout.group_size=0"]) if "nothing is learned" in p]
+    assert "set  " not in zero and "or set" not in zero, zero
+    assert "raise rollout.group_size to >= 2 (no algorithm.advantage learns from groups of 0 samples)" in zero
+    (one,) = [p for p in _problems(["rollout.group_size=1"]) if "nothing is learned" in p]
+    assert "or set algorithm.advantage=reinforce_pp (batch-level baseline)" in one
+
+
+def test_overlapping_split_seeds_cite_the_configs_defaults():
+    """The seed-overlap message's defaults are the schema's, and following them passes validation."""
+    import re
+
+    from grpo_lab.schema import TaskConfig
+
+    (problem,) = [p for p in _problems(["task.dev_seed=1000005"]) if p.startswith("task.*_seed")]
+    cited = dict(re.findall(r"(task\.\w+_seed)=(\d+)", problem))
+    assert cited == {f"task.{s}_seed": str(getattr(TaskConfig, f"{s}_seed")) for s in ("train", "dev", "test")}, problem
+    validate(compose_cfg([f"{k}={v}" for k, v in cited.items()]))
+
+
+def test_cdpo_is_refused_naming_dpo_with_label_smoothing():
+    (problem,) = _problems(["algorithm=dpo", "algorithm.preference.loss=cdpo"])
+    assert problem.startswith("algorithm.preference.loss='cdpo' is not registered")
+    assert "algorithm.preference.loss=dpo algorithm.preference.label_smoothing=<ε>" in problem
+    validate(compose_cfg(["algorithm=dpo", "algorithm.preference.loss=dpo", "algorithm.preference.label_smoothing=0.1"]))

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from grpo_lab import progress
 from grpo_lab.models import MODEL_BUILDERS
@@ -30,6 +31,39 @@ def test_a_short_warmup_prints_a_start_line_and_progress_lines(tmp_path, monkeyp
     steps = [line for line in out.splitlines() if line.startswith("warm-up SFT step ")]
     assert [line.split()[3] for line in steps if "s left" in line] == ["1/4", "2/4", "3/4", "4/4"]
     assert all("loss" in line for line in steps if "s left" in line)
+
+
+def test_a_warmup_that_misses_its_target_warns_before_rl_starts(tmp_path, capsys):
+    """build_policy (the RL starting point): a warm-up that ends at warmup.max_steps below its target says so,
+    naming the accuracy reached, the target and what to change, once it is done and again when cached."""
+    from hydra import compose, initialize_config_dir
+
+    from grpo_lab.config import finalize, register_configs
+    from grpo_lab.run_setup import build_policy
+    from grpo_lab.tasks import build_task
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = finalize(compose("config", overrides=[
+            "task.train_size=16", "task.dev_size=4", "task.test_size=4", "warmup.max_steps=2",
+            "warmup.eval_every=1", "warmup.target_sampled_dev_accuracy=1.0", f"cache_dir={tmp_path}"]))
+    task = build_task(cfg.task)
+    for cached in (False, True):
+        _, stats = build_policy(cfg, task, torch.device("cpu"))
+        assert stats["cached"] is cached and stats["reached_target"] is False
+        err = capsys.readouterr().err
+        warnings = [line for line in err.splitlines() if line.startswith("warning: the warm-up")]
+        assert len(warnings) == 1, err
+        assert (f"after 2 steps at sampled dev accuracy {stats['sampled_dev_accuracy']:.3g}, short of "
+                "warmup.target_sampled_dev_accuracy=1" in warnings[0])
+        assert "Raise warmup.max_steps (now 2) or lower warmup.target_sampled_dev_accuracy" in warnings[0]
+    # a warm-up that reached its target warns of nothing
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = finalize(compose("config", overrides=[
+            "task.train_size=16", "task.dev_size=4", "task.test_size=4", "warmup.max_steps=2",
+            "warmup.eval_every=1", "warmup.target_sampled_dev_accuracy=0", f"cache_dir={tmp_path}"]))
+    _, stats = build_policy(cfg, task, torch.device("cpu"))
+    assert stats["reached_target"] is True and "warning" not in capsys.readouterr().err
 
 
 def test_counted_progress_prints_every_tenth_even_when_fast(capsys):

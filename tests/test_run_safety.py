@@ -171,6 +171,25 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     run_guard.RunLock(tmp_path).release()
 
 
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_run_name_that_is_no_plain_directory_name_is_refused_before_hydra_writes(tmp_path, sweep):
+    """run_name becomes part of the run directory's path (hydra.run.dir / hydra.sweep.subdir):
+    `x/../../../escaped` wrote a refused launch's record outside outputs/. It is refused while Hydra
+    resolves that path, before it creates anything. trainer.total_steps=-1 makes a launch that does not
+    check run_name fail validation at once instead of training."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    cmd = [sys.executable, "-m", "grpo_lab.train", *(["-m"] if sweep else []), *TINY_RUN,
+           "trainer.total_steps=-1", "run_name=x/../../../escaped", f"cache_dir={tmp_path / 'cache'}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert not (tmp_path / "escaped").exists() and not (cwd / "escaped").exists()
+    assert not (cwd / "outputs" / "runs").exists()            # no run directory at all
+    assert "run_name='x/../../../escaped'" in proc.stderr and "one plain path component" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 # ------------------------------------------------------------------ checkpoints
 class FakeLearner:
     def save(self, path: Path, tokenizer) -> None:

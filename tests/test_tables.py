@@ -972,6 +972,52 @@ def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
     assert proc.returncode == 2 and "run the table first (without --add-seeds)" in proc.stderr
 
 
+def test_a_dry_run_of_add_seeds_checks_against_the_record_and_writes_nothing(tmp_path):
+    """--add-seeds --dry-run in a checkout without the table's run directories: the checks read the committed
+    record (a seed it holds is refused, a new one passes) and no run directory is restored onto disk."""
+    spec_path, plan = _recorded_table(tmp_path, RECORD_SPECS["by_overrides"])
+    build(plan, header_extra={"command": "first"}, launch_notes=[])
+    shutil.rmtree(plan.runs_dir)
+
+    def make_table(*args):
+        return subprocess.run([sys.executable, "scripts/make_table.py", str(spec_path), "--runs-root",
+                               str(tmp_path / "runs"), "--tables-root", str(tmp_path / "tables"), *args], cwd=REPO,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+
+    proc = make_table("--add-seeds", "2", "--dry-run")
+    assert proc.returncode == 2 and "seed(s) [2] already have runs of these jobs" in proc.stderr, proc.stderr
+    proc = make_table("--add-seeds", "4", "--dry-run")
+    assert proc.returncode == 0 and "2 jobs validated" in proc.stderr, proc.stderr
+    assert not plan.runs_dir.exists()
+
+
+def _make_table_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_table_script", REPO / "scripts" / "make_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--add-seeds", "abc", "argument --add-seeds: 'abc' is not a comma list of seeds (e.g. --add-seeds 3,4)"),
+    ("--seeds", "abc", "argument --seeds: 'abc' is not a comma list of seeds (e.g. --seeds 3,4)"),
+    ("--add-seeds", ",", "argument --add-seeds: ',' is not a comma list of seeds"),
+    ("--add-seeds", "3,", "argument --add-seeds: '3,' is not a comma list of seeds"),
+    # empty: it would run nothing, and an empty --add-seeds read as a plain launch moves the runs aside
+    ("--add-seeds", "", "argument --add-seeds: empty: give the seeds to run, e.g. --add-seeds 3,4"),
+    ("--seeds", "", "argument --seeds: empty"),
+])
+def test_a_seed_list_that_is_not_one_is_refused_by_the_parser(flag, value, message, capsys):
+    make_table = _make_table_script()
+    with pytest.raises(SystemExit) as exit_:
+        make_table.parse_args(["dapo", flag, value])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    args, _ = make_table.parse_args(["dapo", flag, "3, 4"])
+    assert (args.add_seeds or args.seeds) == [3, 4]
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "tables").glob("*.md") if p.name != "README.md"))
 def test_every_committed_table_rebuilds_from_its_record(name, tmp_path):
     """Each committed table can be extended by a later session: --report-only in a checkout without its

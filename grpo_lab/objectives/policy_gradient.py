@@ -49,11 +49,14 @@ class PolicyGradient(Objective):
                 alone = [n for n in ADVANTAGE_ESTIMATORS
                          if ADVANTAGE_ESTIMATORS.fact(n, "min_group_size") <= min(sizes)
                          and not ADVANTAGE_ESTIMATORS.fact(n, "needs_critic")]
+                # With no estimator that learns from groups this small (G=0), raising G is the only fix.
+                instead = (" or set " + " or ".join(f"algorithm.advantage={n}" for n in alone)
+                           + " (batch-level baseline)" if alone else
+                           f" (no algorithm.advantage learns from groups of {min(sizes)} samples)")
                 errors.append(
                     f"rollout.group_size={min(sizes)} gives every group fewer than {need} samples, so "
                     f"algorithm.advantage={a.advantage} is 0 for all of them and nothing is learned; raise "
-                    f"rollout.group_size to >= {need} or set "
-                    + " or ".join(f"algorithm.advantage={n}" for n in alone) + " (batch-level baseline)")
+                    f"rollout.group_size to >= {need}" + instead)
         check_registered(POLICY_LOSSES, a.policy_loss, "algorithm.policy_loss", errors)
         check_registered(AGGREGATIONS, a.aggregation, "algorithm.aggregation", errors)
         check_registered(KL_ESTIMATORS, a.kl.estimator, "algorithm.kl.estimator", errors)

@@ -107,7 +107,11 @@ class Preference(Objective):
 
     def check(self, cfg, errors: list[str]) -> None:
         pref = cfg.algorithm.preference
-        check_registered(PREFERENCE_LOSSES, pref.loss, "algorithm.preference.loss", errors)
+        if not check_registered(PREFERENCE_LOSSES, pref.loss, "algorithm.preference.loss", errors) \
+                and str(pref.loss).lower() == "cdpo":
+            # cDPO is DPO's loss on smoothed labels, not a loss of its own: say how to ask for it.
+            errors[-1] += ("; cDPO is loss=dpo with label smoothing: set algorithm.preference.loss=dpo "
+                           "algorithm.preference.label_smoothing=<ε> (the assumed flip rate, e.g. 0.1)")
         check_registered(PAIRINGS, pref.pairing, "algorithm.preference.pairing", errors)
         if not pref.beta > 0:
             errors.append(f"algorithm.preference.beta={pref.beta} must be > 0 (DPO uses 0.1)")

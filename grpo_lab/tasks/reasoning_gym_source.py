@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpo_lab.rewards.answers import check_answer_format, format_solution
+from grpo_lab.schema import TaskConfig
 
 from .base import SPLITS, TASKS, Task, TaskItem, remove_train_overlap
 
@@ -139,6 +140,11 @@ def make_rg_dataset(name: str, size: int, seed: int, dataset_kwargs: dict[str, A
         ) from e
 
 
+# The config's split seeds (grpo_lab.schema.TaskConfig), which check_seed_ranges' advice cites: read from
+# the schema, so a change of its defaults cannot leave the advice behind.
+_DEFAULT_SEEDS = ", ".join(f"task.{s}_seed={getattr(TaskConfig, f'{s}_seed')}" for s in ("train", "dev", "test"))
+
+
 def check_seed_ranges(sizes: dict[str, int], seeds: dict[str, int]) -> None:
     """Raise unless the item-seed ranges ``[seed, seed + size)`` of the splits are disjoint."""
     ranges = {s: (seeds[s], seeds[s] + sizes[s]) for s in SPLITS if sizes[s] > 0}
@@ -151,7 +157,7 @@ def check_seed_ranges(sizes: dict[str, int], seeds: dict[str, int]) -> None:
                     f"{a}_seed={a0} and {b}_seed={b0} are too close for {a}_size={sizes[a]} and "
                     f"{b}_size={sizes[b]}: reasoning-gym seeds item i with seed+i, so seeds "
                     f"[{a0}, {a1}) and [{b0}, {b1}) overlap and the splits would share items. "
-                    f"Move the seeds more than the split sizes apart (defaults: 0, 1000000, 2000000)."
+                    f"Move the seeds more than the split sizes apart (defaults: {_DEFAULT_SEEDS})."
                 )
 
 
