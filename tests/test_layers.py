@@ -186,6 +186,38 @@ def test_imports_point_down():
     assert not problems, "imports against the layering (tests/test_layers.py FLOORS):\n" + "\n".join(problems)
 
 
+def folder_of(module: str) -> str:
+    """The package folder (or top-level module) a module belongs to: grpo_lab.learner.batch -> grpo_lab.learner."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_cycles(root: Path) -> list[set[str]]:
+    """Folders (subpackages and top-level modules) that import each other in a circle, read as whole rooms:
+    e.g. a file of interaction/ importing the set-up that imports interaction/ makes interaction/ and the
+    set-up one circle even when no single module does."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    for imp in imports(root):
+        a, b = folder_of(imp.source), folder_of(imp.target)
+        if a != b and a != PACKAGE and b != PACKAGE:
+            edges[a].add(b)
+        edges.setdefault(b, set())
+    return _cycles(edges)
+
+
+def test_folders_do_not_import_each_other_in_a_circle():
+    """A folder read as one room (learner/, interaction/, objectives/, ...) stands above everything it imports:
+    no file of it reaches up into a module that imports the folder back."""
+    circles = folder_cycles(ROOT)
+    assert not circles, f"folders that import each other: {[sorted(c) for c in circles]}"
+
+
+def test_a_folder_circle_is_found(tmp_path):
+    root = _write(tmp_path, {"grpo_lab/__init__.py": "", "grpo_lab/setup.py": "import grpo_lab.env.base\n",
+                             "grpo_lab/env/__init__.py": "", "grpo_lab/env/base.py": "",
+                             "grpo_lab/env/critic.py": "from grpo_lab import setup\n"})
+    assert [sorted(c) for c in folder_cycles(root)] == [["grpo_lab.env", "grpo_lab.setup"]]
+
+
 def test_floors_are_declared_once():
     prefixes = [p for _, floor in FLOORS for p in floor]
     assert len(prefixes) == len(set(prefixes))
