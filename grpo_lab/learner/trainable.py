@@ -36,15 +36,18 @@ from grpo_lab.learner import distributed
 from grpo_lab.learner.batch import TensorBatch, completion_logits, token_logprobs
 
 
-def apply_lora(model: nn.Module, lora_cfg) -> nn.Module:
-    """Wrap `model` with peft LoRA adapters (B = 0 at start, so the model starts as the base)."""
+def apply_lora(model: nn.Module, lora_cfg, *, task_type: str = "CAUSAL_LM") -> nn.Module:
+    """Wrap `model` with peft LoRA adapters (B = 0 at start, so the model starts as the base). With
+    task_type="SEQ_CLS" (a reward model's scalar head, named `score` in transformers' layout) the head
+    trains in full beside the adapters: it starts untrained."""
     from peft import LoraConfig, get_peft_model
 
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head" in lora_cfg.target_modules:
         raise ValueError("learner.lora.target_modules names lm_head, but this model ties it to the input "
                          "embedding; adapt the embedding (embed_tokens) or leave lm_head out")
     config = LoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha), lora_dropout=float(lora_cfg.dropout),
-                        target_modules=list(lora_cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+                        target_modules=list(lora_cfg.target_modules), bias="none", task_type=task_type,
+                        modules_to_save=["score"] if task_type == "SEQ_CLS" else None)
     return get_peft_model(model, config)
 
 

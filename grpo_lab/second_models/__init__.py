@@ -5,6 +5,8 @@
                            actor trains with), its state for checkpoints and its own metric prefix
     critic_llm             the critic LLM that writes the actor's feedback (interaction=critic; metrics
                            under critic_llm/), registered in grpo_lab.interaction.ENVIRONMENTS
+    reward_model           a reward model: a scalar head on any trunk, trained on ranked completions
+                           (Bradley-Terry pairs, Plackett-Luce lists; metrics under reward_model/)
 
 Each is built like the policy (grpo_lab.models.build_model_dir, cached warm-ups) and checkpointed with
 the run; none writes an optimizer loop of its own.
@@ -12,5 +14,6 @@ the run; none writes an optimizer loop of its own.
 
 from grpo_lab.second_models import critic_llm  # noqa: F401  (registers the critic LLM environment)
 from grpo_lab.second_models.base import SecondModel
+from grpo_lab.second_models.reward_model import RewardModel
 
-__all__ = ["SecondModel", "critic_llm"]
+__all__ = ["RewardModel", "SecondModel", "critic_llm"]

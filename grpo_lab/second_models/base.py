@@ -1,16 +1,19 @@
 """The one shared piece of every second model: a model with its own optimizer and the train steps a
 second model takes, each through code the policy already uses.
 
-    SecondModel(model_dir, *, lr, grad_clip, prefix)
+    SecondModel(model, *, lr, grad_clip, prefix)        (SecondModel.causal_lm(model_dir, ...) for an LM)
         .sft_update(tokenizer, items, *, batch_size, steps, seed)    -> loss   (grpo_lab.warmup.sft_loop)
         .rl_update(examples, algo, *, batch_size, steps, seed, ...) -> loss   (the policy-gradient objective)
+        .ranking_update(scores_fn, mask, *, loss, margin)           -> (loss, metrics)   (RANKING_LOSSES)
         .state_dict() / .load_state_dict(state)                                (weights and optimizer)
         .metrics(values) -> {prefix + name: value}
 
 The gradient step itself is `grpo_lab.learner.trainable.TrainableModel`'s, as for the policy; the RL
 step hands its batch to the registered ``policy_gradient`` objective (grpo_lab/objectives), so the
 reward sits on each completion's last real token, the advantage comes from the registered estimator and
-the loss from the registered policy loss with its clipping: exactly the code that trains the actor.
+the loss from the registered policy loss with its clipping: exactly the code that trains the actor. The
+ranking step is a reward model's: scores of ranked completions under a registered ranking loss
+(grpo_lab/algos/ranking.py: Bradley–Terry pairs, Plackett–Luce lists).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import copy
 from pathlib import Path
 
 import torch
+from torch import nn
 
+from grpo_lab.algos import RANKING_LOSSES
 from grpo_lab.learner.batch import collate, completion_stats
 from grpo_lab.learner.trainable import TrainableModel
 from grpo_lab.objectives import OBJECTIVES
@@ -28,16 +33,24 @@ from grpo_lab.warmup import sft_loop
 
 
 class SecondModel:
-    """A causal LM other than the policy, trained alongside it (module docstring). `prefix` names its
-    metrics (e.g. ``critic_llm/``), so they never mix with the policy's ``actor/`` or PPO's ``critic/``."""
+    """A model other than the policy, trained alongside it or before it (module docstring). `prefix` names
+    its metrics (e.g. ``critic_llm/``, ``reward_model/``), so they never mix with the policy's ``actor/``
+    or PPO's ``critic/``."""
 
-    def __init__(self, model_dir: str | Path, *, lr: float, grad_clip: float, prefix: str):
+    def __init__(self, model: nn.Module, *, lr: float, grad_clip: float, prefix: str, weight_decay: float = 0.01,
+                 dtype: str = "fp32"):
+        self.model = model
+        # torch's AdamW default weight decay (0.01) unless told otherwise, as the critic LLM has always trained.
+        self.trainable = TrainableModel(self.model, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip,
+                                        dtype=dtype)
+        self.prefix = prefix
+
+    @classmethod
+    def causal_lm(cls, model_dir: str | Path, **kwargs) -> "SecondModel":
+        """A causal LM from a Hugging Face directory (fp32, CPU), e.g. the critic LLM."""
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        # torch's AdamW default weight decay (0.01), as the critic LLM has always trained.
-        self.trainable = TrainableModel(self.model, lr=lr, weight_decay=0.01, grad_clip=grad_clip)
-        self.prefix = prefix
+        return cls(AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32), **kwargs)
 
     def metrics(self, values: dict[str, float]) -> dict[str, float]:
         return {self.prefix + k: v for k, v in values.items()}
@@ -77,6 +90,15 @@ class SecondModel:
                 return objective.loss(mb, logprobs=logprobs, entropy=entropy, norm=norm, algo=algo)
             loss = self.trainable.train_step(policy_loss)[0]
         return loss
+
+    def ranking_update(self, scores_fn, mask: torch.Tensor, *, loss: str = "bradley_terry",
+                       margin: torch.Tensor | None = None) -> tuple[float, dict[str, float]]:
+        """One step of the registered ranking loss: `scores_fn()` -> scores [N, k] of each row's completions
+        in the labeller's order, best first (real entries in `mask`); returns (loss, metrics: accuracy,
+        margin, grad_norm)."""
+        value, grad_norm, metrics = self.trainable.train_step(
+            lambda: RANKING_LOSSES.call(loss, scores_fn(), mask, margin=margin))
+        return value, {**{k: float(v) for k, v in metrics.items()}, "grad_norm": grad_norm}
 
     def state_dict(self) -> dict:
         return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.trainable.optimizer.state_dict()})

@@ -210,8 +210,8 @@ class CriticEnvironment:
         rollout = rollout_section(engine="hf", dtype="float32", sampler=self.config.sampler)
         self.engine = make_engine(self.model_dir, rollout, seed=self.seed, device="cpu")
         self.tokenizer = self.engine.tokenizer
-        self.critic = SecondModel(self.model_dir, lr=self.config.lr, grad_clip=self.config.grad_clip,
-                                  prefix="critic_llm/")
+        self.critic = SecondModel.causal_lm(self.model_dir, lr=self.config.lr, grad_clip=self.config.grad_clip,
+                                            prefix="critic_llm/")
         self.model = self.critic.model
         self.pending: list[dict] = []          # training examples gathered since the last update
         self.stash: dict[str, list[dict]] = {}   # sampled replies not yet matched by after_step

@@ -1,0 +1,97 @@
+"""A reward model as a second model (grpo_lab/second_models/reward_model.py): it learns a known preference
+on the tiny task's text well above chance on held-out pairs, ranks lists with Plackett-Luce, trains with
+LoRA (adapters plus its head), and saves what transformers' AutoModelForSequenceClassification loads."""
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from grpo_lab.models import MODEL_BUILDERS
+from grpo_lab.schema import LoRAConfig
+from grpo_lab.second_models import RewardModel
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return Path(MODEL_BUILDERS.get("tiny_llama")(tmp_path_factory.mktemp("m") / "model", alphabet="0123456789+-=",
+                                                   seed=0))
+
+
+def pairs(n: int, seed: int):
+    """(prompt, chosen, rejected): the right sum is preferred to the same digits with a trailing 0 (ten times
+    too large): a preference on the completion's text that a labeller would hold."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        out.append((f"{a}+{b}=", str(a + b), f"{a + b}0"))
+    return out
+
+
+def parity_pairs(n: int, seed: int):
+    """(prompt, chosen, rejected): two candidate answers to a sum, the labeller preferring the one ending in
+    an even digit: a preference a random head ranks at about chance (the digits' order is random to it)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        even, odd = rng.randrange(10, 200, 2), rng.randrange(11, 200, 2)
+        out.append((f"{a}+{b}=", str(even), str(odd)))
+    return out
+
+
+def held_out_accuracy(rm: RewardModel, data) -> float:
+    good = rm.scores([p for p, _, _ in data], [c for _, c, _ in data])
+    bad = rm.scores([p for p, _, _ in data], [r for _, _, r in data])
+    return sum(g > b for g, b in zip(good, bad)) / len(data)
+
+
+def test_a_reward_model_learns_a_known_preference_above_chance_on_held_out_pairs(model_dir, one_thread):
+    rm = RewardModel(model_dir, lr=3e-3, seed=0)
+    train, held_out = parity_pairs(256, seed=1), parity_pairs(200, seed=2)
+    before = held_out_accuracy(rm, held_out)
+    rng = random.Random(0)
+    for _ in range(60):
+        batch = rng.sample(train, 32)
+        metrics = rm.ranking_step([(p, [c, r]) for p, c, r in batch])
+    assert set(metrics) == {"reward_model/loss", "reward_model/accuracy", "reward_model/margin",
+                            "reward_model/grad_norm"}
+    after = held_out_accuracy(rm, held_out)
+    assert before < 0.75 and after >= 0.9, (before, after)
+
+
+def test_plackett_luce_on_ranked_lists_and_bradley_terry_margins_train(model_dir, one_thread):
+    rm = RewardModel(model_dir, lr=3e-3, seed=0)
+    lists = [(p, [c, c + "0", c + "00"]) for p, c, _ in pairs(32, seed=3)]     # best first
+    first = rm.ranking_step(lists, loss="plackett_luce")["reward_model/loss"]
+    for _ in range(15):
+        last = rm.ranking_step(lists, loss="plackett_luce")["reward_model/loss"]
+    assert last < first
+    m = rm.ranking_step([(p, [c, r]) for p, c, r in pairs(8, seed=4)], margins=[1.0] * 8)
+    assert torch.isfinite(torch.tensor(m["reward_model/loss"]))
+
+
+def test_the_saved_reward_model_loads_as_a_sequence_classifier_with_the_same_scores(model_dir, tmp_path, one_thread):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    lora = OmegaConf.structured(LoRAConfig(rank=4, alpha=8.0))
+    rm = RewardModel(model_dir, lr=3e-3, seed=0, lora=lora)
+    trained = [n for n, p in rm.model.named_parameters() if p.requires_grad]
+    assert any("lora_" in n for n in trained) and any("score" in n for n in trained)
+    assert not any("embed_tokens" in n and "lora_" not in n for n in trained)       # the trunk stays frozen
+    data = pairs(16, seed=5)
+    rm.ranking_step([(p, [c, r]) for p, c, r in data])
+    prompts, completions = [p for p, _, _ in data], [c for _, c, _ in data]
+    ours = rm.scores(prompts, completions)
+    rm.save(tmp_path / "rm")
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "rm")).eval()
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "rm"))
+    rows = [rm.encode(p, c) for p, c in zip(prompts, completions)]
+    with torch.no_grad():
+        theirs = [float(loaded(input_ids=torch.tensor([r]), attention_mask=torch.ones(1, len(r))).logits[0, 0])
+                  for r in rows]
+    assert loaded.config.pad_token_id == tok.pad_token_id
+    assert theirs == pytest.approx(ours, abs=1e-4)
