@@ -33,7 +33,7 @@ from grpo_lab.objectives import OBJECTIVES
 from grpo_lab.progress import heartbeat
 from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.sampling import RewardNormalizer, RolloutPipeline
-from grpo_lab.schema import ConfigError
+from grpo_lab.schema import ConfigError, as_dict
 from grpo_lab.interaction.demos import revision_demos
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
@@ -43,6 +43,7 @@ from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.models import build_model_dir
 from grpo_lab.prompts import prepare_for_model
 from grpo_lab.tasks import build_task
+from grpo_lab.tasks.base import SPLIT_CHECK_FIELDS
 
 
 def learner_threads(cfg: DictConfig) -> int:
@@ -121,7 +122,9 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     # (interaction.warmup_demos_from) share one warm-up checkpoint.
     demos = revision_demos(cfg, task.splits["train"], tokenizer, seed=cfg.seed)
     demo_key = [cache_key(demos)] if demos else []
-    warm_dir = cache / "warmup" / cache_key(cfg.model, cfg.task, cfg.warmup, alphabet, cfg.seed, *data, *demo_key)
+    # The split check's fields gate the task without shaping it: left out, so they key no new warm-up.
+    task_key = {k: v for k, v in as_dict(cfg.task).items() if k not in SPLIT_CHECK_FIELDS}
+    warm_dir = cache / "warmup" / cache_key(cfg.model, task_key, cfg.warmup, alphabet, cfg.seed, *data, *demo_key)
     stats = warmup_sft(base_dir, warm_dir, task, cfg.warmup, max_new_tokens=cfg.rollout.max_new_tokens,
                        seed=cfg.seed, device=device, demos=demos)
     if stats.get("reached_target") is False:

@@ -193,6 +193,10 @@ class TaskConfig:
     # Prompts too long for rollout.max_model_len (with rollout.max_new_tokens): false = refuse the run (the
     # error names the data and the count), true = drop those rows from every split and print how many.
     drop_overlong: bool = False
+    # Refuse a train split with fewer distinct prompts than this and than half its items; 0 = train anyway, warned.
+    min_distinct_train_prompts: int = 1000
+    # Refuse when over 5 % of the test prompts also appear in dev; true = evaluate anyway, with a printed warning.
+    allow_split_overlap: bool = False
 
 
 @dataclass

@@ -146,6 +146,9 @@ def _validate_task(t: Any, errors: list[str]) -> None:
         if v is not None and v < 1:
             errors.append(f"task.{key}={v} must be >= 1: the warm-up stops on dev accuracy and evaluation "
                           f"reads the test split (e.g. task.{key}=200)")
+    if t.min_distinct_train_prompts < 0:
+        errors.append(f"task.min_distinct_train_prompts={t.min_distinct_train_prompts} must be >= 0 (0 lets a task "
+                      "with few distinct train prompts through, with a warning)")
     # The source's own settings: a fact on its TASKS entry (`check`), not a list of names here.
     check = TASKS.fact(str(t.source), "check")
     if check is not None:

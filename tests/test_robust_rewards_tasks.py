@@ -115,7 +115,10 @@ def test_plugin_reward_and_task_through_hydra_overrides():
     assert errors_of(["+reward.weights={robust_plugins.length_penalty: 0.5}",
                       "task.source=robust_plugins.make_task"]) == []
     task = build_task(cfg.task)
-    assert task.info == {"source": "plugin"} and len(task.splits["train"]) == 7
+    assert len(task.splits["train"]) == 7
+    # The plugin's info, with the split check's counts added (grpo_lab.tasks.base.check_splits).
+    assert task.info == {"source": "plugin", "distinct_prompts": {"train": 7, "dev": 5, "test": 5},
+                         "dev_test_overlap": 0}
 
 
 def test_unimportable_plugins_fail_validation():
