@@ -945,9 +945,9 @@ def test_a_table_restored_from_its_committed_record_is_the_same_table(tmp_path, 
     assert restored["recorded"]["final_acc"] == 0.7 and restored["final"] == {"eval/accuracy": 0.7}
 
 
-def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
-    """--add-seeds in a checkout without the table's run directories: the record is restored first, the
-    seeds it holds are refused, a new seed passes every check (dry run) and nothing is replaced."""
+def _recorded_table_without_runs(tmp_path):
+    """A table built and recorded, its run directories then removed (a fresh checkout holds only the record),
+    and its scripts/make_table.py command line: (plan, make_table(*args) -> the finished process)."""
     spec_path, plan = _recorded_table(tmp_path, RECORD_SPECS["by_overrides"])
     build(plan, header_extra={"command": "first"}, launch_notes=[])
     shutil.rmtree(plan.runs_dir)
@@ -956,6 +956,13 @@ def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
         return subprocess.run([sys.executable, "scripts/make_table.py", str(spec_path), "--runs-root",
                                str(tmp_path / "runs"), "--tables-root", str(tmp_path / "tables"), *args], cwd=REPO,
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    return plan, make_table
+
+
+def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
+    """--add-seeds in a checkout without the table's run directories: the record is restored first, the
+    seeds it holds are refused, a new seed passes every check (dry run) and nothing is replaced."""
+    plan, make_table = _recorded_table_without_runs(tmp_path)
 
     proc = make_table("--add-seeds", "2")
     assert proc.returncode == 2 and "seed(s) [2] already have runs of these jobs" in proc.stderr, proc.stderr
@@ -975,14 +982,7 @@ def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
 def test_a_dry_run_of_add_seeds_checks_against_the_record_and_writes_nothing(tmp_path):
     """--add-seeds --dry-run in a checkout without the table's run directories: the checks read the committed
     record (a seed it holds is refused, a new one passes) and no run directory is restored onto disk."""
-    spec_path, plan = _recorded_table(tmp_path, RECORD_SPECS["by_overrides"])
-    build(plan, header_extra={"command": "first"}, launch_notes=[])
-    shutil.rmtree(plan.runs_dir)
-
-    def make_table(*args):
-        return subprocess.run([sys.executable, "scripts/make_table.py", str(spec_path), "--runs-root",
-                               str(tmp_path / "runs"), "--tables-root", str(tmp_path / "tables"), *args], cwd=REPO,
-                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    plan, make_table = _recorded_table_without_runs(tmp_path)
 
     proc = make_table("--add-seeds", "2", "--dry-run")
     assert proc.returncode == 2 and "seed(s) [2] already have runs of these jobs" in proc.stderr, proc.stderr
