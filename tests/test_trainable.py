@@ -55,8 +55,8 @@ def test_a_non_finite_gradient_is_not_applied(model_dir):
 
 
 def test_clipping_scales_the_step_to_the_clip_norm(model_dir):
-    # One parameter, SGD-like check through AdamW's first step is scale-free, so use a plain loss and read
-    # the gradient the step saw: clip 1e-3 scales a gradient of norm g by 1e-3 / g.
+    # AdamW's first step is scale-free, so read the gradient the optimizer step sees instead of the update:
+    # clipping at 1e-3 scales a gradient of norm g by 1e-3 / g, so the step sees norm 1e-3.
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     trainable = TrainableModel(model, lr=1e-3, grad_clip=1e-3)
     batch = batch_of(model_dir)
