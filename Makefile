@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms bench-algorithms-smollm2 clean
+.PHONY: help venv run train-rm run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms bench-algorithms-smollm2 clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -15,6 +15,9 @@ venv: ## Create .venv if missing or out of date: cuda stack with an NVIDIA GPU, 
 
 run: venv ## Default experiment: build tiny model, warm-up SFT (cached), GRPO with vLLM, before/after table
 	$(PY) -m grpo_lab.train $(ARGS)
+
+train-rm: venv ## Train a reward model (cached by content): make train-rm ARGS="experiment=rlhf_tiny reward_model.data.label_noise=0.2"
+	$(PY) -m grpo_lab.train_reward_model $(ARGS)
 
 NPROC ?= 2
 run-fsdp: venv ## Learner sharded with FSDP2 over NPROC processes (torchrun; gloo on CPU, NCCL on GPU; learner.num_devices must equal NPROC): make run-fsdp NPROC=2 ARGS="learner.num_devices=2 ..."

@@ -216,6 +216,7 @@ class RunParts:
     learner_lr: float   # named when the weights turn non-finite (the learner may be a remote proxy)
     environment: Any = None
     state: dict | None = None
+    reward_models: dict | None = None   # the learned reward models' training stats (reward=reward_model)
 
     @property
     def tokenizer(self):
@@ -231,6 +232,30 @@ class RunParts:
         if self.environment is not None:
             self.environment.close()
         self.engine.close()
+
+
+def train_reward_models(cfg, start: RunStart) -> dict | None:
+    """With reward=reward_model and no reward.reward_model.dirs, the reward models the top-level `reward_model`
+    section describes, trained on the starting policy's labelled samples (or its preference file) before the
+    learner loads, and named in the reward's settings; their training stats (None when the run trains none)."""
+    if "reward_model" not in cfg.reward.weights or cfg.reward.reward_model.dirs is not None:
+        return None
+    from grpo_lab.second_models.reward_model_training import build_reward_models
+
+    dirs, stats = build_reward_models(cfg, start)
+    cfg.reward.reward_model.dirs = [str(d) for d in dirs]
+    return {k: v for k, v in stats.items() if k != "members"}
+
+
+def learned_reward(reward_cfg):
+    """(texts, items) -> the training reward, when it is learned (reward.weights names reward_model): the
+    evaluation's proxy column. None otherwise (the training reward is a verifier: gold already)."""
+    if "reward_model" not in reward_cfg.weights:
+        return None
+    from grpo_lab.rewards import compute_rewards, contained_settings
+
+    return lambda texts, items: compute_rewards(texts, items, list(reward_cfg.weights.items()),
+                                                **contained_settings(reward_cfg))[0]
 
 
 def start_learner(cfg: DictConfig, start: RunStart, resume_from: Path | None) -> tuple[Any, Any, dict | None]:
@@ -268,6 +293,7 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
     """Every part of an RL run, each handed its own section of `cfg`; the loop (grpo_lab.train) then reads
     no config. What was started before a later part failed is closed again."""
     start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
+    reward_models = train_reward_models(cfg, start)   # reward=reward_model without dirs: trained here (cached)
     learner, build_engine, state = start_learner(cfg, start, resume_from)
     engine = start_engine(cfg, start, build_engine)
     environment = None
@@ -277,10 +303,10 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
         sampler = objective.make_sampler(cfg, engine, start.tokenizer, start.task.splits["train"], environment)
         evaluator = Evaluator.of(engine, start.tokenizer, start.task.splits[cfg.trainer.eval_split],
                                  rollout=cfg.rollout, trainer=cfg.trainer, interaction=cfg.interaction, seed=cfg.seed,
-                                 environment=environment)
+                                 environment=environment, proxy=learned_reward(cfg.reward))
         return RunParts(start, learner, engine, RolloutPipeline(sampler, cfg, max_staleness=cfg.trainer.max_staleness),
                         objective, cfg.algorithm, RewardNormalizer(cfg.algorithm.reward_ema_decay), evaluator,
-                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state)
+                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state, reward_models)
     except BaseException:
         if environment is not None:
             environment.close()

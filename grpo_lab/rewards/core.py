@@ -544,7 +544,7 @@ def contained_settings(reward_cfg: Any) -> dict[str, Any]:
             "max_error_frac": float(reward_cfg.max_error_frac), "isolation": reward_cfg.isolation,
             "max_consecutive_timeouts": reward_cfg.max_consecutive_timeouts,
             # Resolved (${cache_dir} and the like) and plain, for a reward worker process.
-            "settings": {"judge": as_dict(reward_cfg.judge)}}
+            "settings": {"judge": as_dict(reward_cfg.judge), "reward_model": as_dict(reward_cfg.reward_model)}}
 
 
 def is_correct(completion: str, item: Any) -> bool:

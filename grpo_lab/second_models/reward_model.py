@@ -1,7 +1,7 @@
 """Reward models: a trunk with a scalar head read at the last token of prompt + completion, trained on
 ranked completions as a second model.
 
-    RewardModel(model_dir, *, lr, grad_clip, seed, lora=None, dtype="fp32", device="cpu")
+    RewardModel(model_dir, *, lr, grad_clip, seed, lora=None, dtype="fp32", device="cpu", weight_decay=0.01)
         .scores(prompts, completions, *, batch_size) -> [N] floats    (no gradient)
         .ranking_step(groups, *, loss, margins=None) -> metrics     one step on ranked groups, best first
         .save(dir)                                                  a directory AutoModelForSequenceClassification loads
@@ -35,7 +35,7 @@ class RewardModel:
     """A scalar-head model over `model_dir`'s trunk (module docstring)."""
 
     def __init__(self, model_dir: str | Path, *, lr: float, grad_clip: float = 1.0, seed: int = 0, lora=None,
-                 dtype: str = "fp32", device: str = "cpu"):
+                 dtype: str = "fp32", device: str = "cpu", weight_decay: float = 0.01):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -47,7 +47,8 @@ class RewardModel:
             model.config.pad_token_id = self.tokenizer.pad_token_id
             if lora is not None and lora.rank > 0:
                 model = apply_lora(model, lora, task_type="SEQ_CLS")
-        self.second = SecondModel(model.to(device), lr=lr, grad_clip=grad_clip, prefix="reward_model/", dtype=dtype)
+        self.second = SecondModel(model.to(device), lr=lr, grad_clip=grad_clip, prefix="reward_model/", dtype=dtype,
+                                  weight_decay=weight_decay)
         self.model, self.device = self.second.model, torch.device(device)
 
     def encode(self, prompt: str, completion: str) -> list[int]:
