@@ -217,6 +217,7 @@ class RunParts:
     environment: Any = None
     state: dict | None = None
     reward_models: dict | None = None   # the learned reward models' training stats (reward=reward_model)
+    reward_refresh: Any = None          # their online refresh (reward_model.refresh_every > 0), else None
 
     @property
     def tokenizer(self):
@@ -231,6 +232,8 @@ class RunParts:
         self.pipeline.close()
         if self.environment is not None:
             self.environment.close()
+        if self.reward_refresh is not None:
+            self.reward_refresh.close()
         self.engine.close()
 
 
@@ -245,6 +248,15 @@ def train_reward_models(cfg, start: RunStart) -> dict | None:
     dirs, stats = build_reward_models(cfg, start)
     cfg.reward.reward_model.dirs = [str(d) for d in dirs]
     return {k: v for k, v in stats.items() if k != "members"}
+
+
+def reward_refresh(cfg):
+    """The online refresh of the run's learned reward models (reward_model.refresh_every > 0), else None."""
+    if "reward_model" not in cfg.reward.weights or not cfg.reward_model.refresh_every:
+        return None
+    from grpo_lab.second_models.reward_refresh import RewardRefresh
+
+    return RewardRefresh(cfg.reward.reward_model.dirs, cfg.reward_model, cfg.reward, seed=cfg.seed)
 
 
 def learned_reward(reward_cfg):
@@ -306,7 +318,8 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
                                  environment=environment, proxy=learned_reward(cfg.reward))
         return RunParts(start, learner, engine, RolloutPipeline(sampler, cfg, max_staleness=cfg.trainer.max_staleness),
                         objective, cfg.algorithm, RewardNormalizer(cfg.algorithm.reward_ema_decay), evaluator,
-                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state, reward_models)
+                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state, reward_models,
+                        reward_refresh(cfg))
     except BaseException:
         if environment is not None:
             environment.close()

@@ -645,6 +645,12 @@ class RewardModelConfig:
     dtype: str = "fp32"
     # k reward models, each from its own seed (head initialisation and data order) on the same data: an ensemble.
     ensemble_size: int = 1
+    # Online refresh during RL (iterative RLHF; Oat's online reward model): every refresh_every steps, up to
+    # refresh_pairs pairs of that step's samples are labelled by data.gold (with data.label_noise) and every
+    # member takes refresh_steps ranking steps on them. 0 = the reward model stays frozen.
+    refresh_every: int = 0
+    refresh_pairs: int = 64
+    refresh_steps: int = 1
     # Reuse a cached reward model keyed by all of the above, the trunk and the data.
     cache: bool = True
 

@@ -111,6 +111,8 @@ def begin(run: RunParts, recorder: RunRecorder) -> LoopState:
         checkpoint.set_rng_state(state["rng"])
         if run.environment is not None:
             run.environment.load_state_dict(state.get("environment") or {})
+        if run.reward_refresh is not None:
+            run.reward_refresh.load_state_dict(state["reward_model"])
         # Checkpoints written before the newest evaluation was kept carry only the one before training.
         return LoopState(state["step"], state["samples"], state["bad_steps"], state["before"],
                          state.get("latest_eval", state["before"]))
@@ -144,6 +146,9 @@ def learn(run: RunParts, scored, metrics: dict, step: int) -> bool:
     metrics.update(run.learner.update(batch))
     if run.environment is not None:   # an environment that learns (a critic) updates on what it saw
         metrics.update(run.environment.after_step(step, step_record(scored)))
+    if run.reward_refresh is not None:   # a learned reward model relabels the policy's samples and updates
+        metrics.update(run.reward_refresh.after_step(step, scored.rollout.texts, scored.items,
+                                                     scored.rollout.group_ids))
     if metrics.get("actor/empty_batch"):   # no update ran, so none was non-finite
         print(f"step {step}: nothing to train on (the objective left an empty batch, e.g. no preference "
               "pair: every group's rewards agree); this step makes no update")
@@ -195,6 +200,8 @@ def record_step(run: RunParts, recorder: RunRecorder, loop: LoopState, scored, m
                                "pipeline": run.pipeline.state_dict(), "normalizer": run.normalizer.state_dict(),
                                "recorder": recorder.state_dict(),
                                **({"environment": run.environment.state_dict()} if run.environment is not None
+                                  else {}),
+                               **({"reward_model": run.reward_refresh.state_dict()} if run.reward_refresh is not None
                                   else {})})
 
 

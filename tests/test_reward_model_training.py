@@ -168,3 +168,30 @@ def test_a_run_trains_its_reward_model_and_logs_proxy_gold_and_kl(warm_cache, tm
     again = run_train([*TINY_RUN, *rm, "trainer.total_steps=0"], tmp_path / "again", warm_cache)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"reward model: cached {rm_dir}" in again.stdout
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_with_an_online_reward_model_refresh_equals_an_uninterrupted_run(warm_cache, tmp_path):
+    """reward_model.refresh_every=1: the reward model trains on every step's relabelled samples; its weights and
+    optimizer are in the checkpoints, so a run killed after step 3 and resumed from step 2 logs what an
+    uninterrupted run logs, line for line (timings aside)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO
+    from test_resume import comparable, kill_after_step
+
+    run = [*TINY_RUN, "reward=reward_model", "rollout=hf", "trainer.total_steps=4", "trainer.checkpoint_every=2",
+           "trainer.eval_every=2", "reward_model.data.pairs=200", "reward_model.data.held_out_pairs=50",
+           "reward_model.max_steps=20", "reward_model.eval_every=10", "reward_model.refresh_every=1",
+           "reward_model.refresh_pairs=16"]
+    ref = run_train(run, tmp_path / "ref", warm_cache)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    reference = read_metrics(tmp_path / "ref")
+    assert all(m["reward_model/refreshes"] == m["step"] for m in reference if "reward_model/refreshes" in m)
+    kill_after_step(run, tmp_path / "killed", warm_cache, step=3)
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(tmp_path / "killed")], cwd=REPO,
+                          env={**os.environ, "WANDB_MODE": "offline"}, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert comparable(read_metrics(tmp_path / "killed")) == comparable(reference)

@@ -155,6 +155,19 @@ def check_reward_model(cfg, errors: list[str]) -> None:
         need(getattr(rm, key) > 0, f"reward_model.{key}={getattr(rm, key)} must be > 0")
     need(rm.grad_clip >= 0 and rm.weight_decay >= 0 and rm.margin_scale >= 0,
          "reward_model.grad_clip, weight_decay and margin_scale must be >= 0")
+    need(rm.refresh_every >= 0 and rm.refresh_pairs > 0 and rm.refresh_steps > 0,
+         "reward_model.refresh_every must be >= 0 (0 = frozen), refresh_pairs and refresh_steps > 0")
+    if rm.refresh_every > 0:
+        learned = "reward_model" in cfg.reward.weights
+        need(learned, f"reward_model.refresh_every={rm.refresh_every} refreshes a learned reward the run does not "
+                      "use; add reward=reward_model or set reward_model.refresh_every=0")
+        need(cfg.trainer.max_staleness == 0,
+             "reward_model.refresh_every > 0 needs trainer.max_staleness=0: with sampling ahead, the next batch is "
+             "scored while the reward model trains")
+        need(cfg.reward.isolation != "process", "reward_model.refresh_every > 0 needs the reward in this process "
+                                                "(reward.isolation=auto or thread): a worker process holds its own copy")
+        need(cfg.interaction.environment in (None, "none") or cfg.interaction.max_turns == 1,
+             "reward_model.refresh_every > 0 is single-turn only (a refresh relabels whole completions)")
     need(data.source in ("policy_samples", "jsonl"),
          f"reward_model.data.source={data.source!r} must be policy_samples or jsonl")
     need(data.form in ("pairs", "ranked"), f"reward_model.data.form={data.form!r} must be pairs or ranked")
