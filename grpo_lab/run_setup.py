@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -216,8 +216,8 @@ class RunParts:
     learner_lr: float   # named when the weights turn non-finite (the learner may be a remote proxy)
     environment: Any = None
     state: dict | None = None
-    reward_models: dict | None = None   # the learned reward models' training stats (reward=reward_model)
-    reward_refresh: Any = None          # their online refresh (reward_model.refresh_every > 0), else None
+    prepared_rewards: dict | None = None   # what rewards built before the run (a learned reward model's stats)
+    online_rewards: list = field(default_factory=list)   # parts that keep training a reward during the run
 
     @property
     def tokenizer(self):
@@ -232,31 +232,32 @@ class RunParts:
         self.pipeline.close()
         if self.environment is not None:
             self.environment.close()
-        if self.reward_refresh is not None:
-            self.reward_refresh.close()
+        for part in self.online_rewards:
+            part.close()
         self.engine.close()
 
 
-def train_reward_models(cfg, start: RunStart) -> dict | None:
-    """With reward=reward_model and no reward.reward_model.dirs, the reward models the top-level `reward_model`
-    section describes, trained on the starting policy's labelled samples (or its preference file) before the
-    learner loads, and named in the reward's settings; their training stats (None when the run trains none)."""
-    if "reward_model" not in cfg.reward.weights or cfg.reward.reward_model.dirs is not None:
-        return None
-    from grpo_lab.second_models.reward_model_training import build_reward_models
+def prepare_rewards(cfg, start: RunStart) -> dict | None:
+    """What each reward of the run needs built before its first step, with the starting policy at hand (the
+    REWARDS entry's `prepare` fact: a learned reward model trains here, cached); their stats by reward name
+    (None when no reward prepares anything)."""
+    from grpo_lab.rewards import REWARDS
 
-    dirs, stats = build_reward_models(cfg, start)
-    cfg.reward.reward_model.dirs = [str(d) for d in dirs]
-    return {k: v for k, v in stats.items() if k != "members"}
+    stats = {}
+    for name in cfg.reward.weights:
+        prepare = REWARDS.fact(str(name), "prepare") if name in REWARDS else None
+        if prepare is not None and (result := prepare(cfg, start)) is not None:
+            stats[str(name)] = result
+    return stats or None
 
 
-def reward_refresh(cfg):
-    """The online refresh of the run's learned reward models (reward_model.refresh_every > 0), else None."""
-    if "reward_model" not in cfg.reward.weights or not cfg.reward_model.refresh_every:
-        return None
-    from grpo_lab.second_models.reward_refresh import RewardRefresh
+def online_rewards(cfg) -> list:
+    """The parts that keep training the run's rewards during RL (the REWARDS entry's `online` fact)."""
+    from grpo_lab.rewards import REWARDS
 
-    return RewardRefresh(cfg.reward.reward_model.dirs, cfg.reward_model, cfg.reward, seed=cfg.seed)
+    parts = [REWARDS.fact(str(name), "online")(cfg) for name in cfg.reward.weights
+             if name in REWARDS and REWARDS.fact(str(name), "online") is not None]
+    return [p for p in parts if p is not None]
 
 
 def learned_reward(reward_cfg):
@@ -305,7 +306,7 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
     """Every part of an RL run, each handed its own section of `cfg`; the loop (grpo_lab.train) then reads
     no config. What was started before a later part failed is closed again."""
     start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
-    reward_models = train_reward_models(cfg, start)   # reward=reward_model without dirs: trained here (cached)
+    prepared = prepare_rewards(cfg, start)   # e.g. reward=reward_model without dirs: trained here (cached)
     learner, build_engine, state = start_learner(cfg, start, resume_from)
     engine = start_engine(cfg, start, build_engine)
     environment = None
@@ -318,8 +319,8 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
                                  environment=environment, proxy=learned_reward(cfg.reward))
         return RunParts(start, learner, engine, RolloutPipeline(sampler, cfg, max_staleness=cfg.trainer.max_staleness),
                         objective, cfg.algorithm, RewardNormalizer(cfg.algorithm.reward_ema_decay), evaluator,
-                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state, reward_models,
-                        reward_refresh(cfg))
+                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state, prepared,
+                        online_rewards(cfg))
     except BaseException:
         if environment is not None:
             environment.close()

@@ -111,8 +111,8 @@ def begin(run: RunParts, recorder: RunRecorder) -> LoopState:
         checkpoint.set_rng_state(state["rng"])
         if run.environment is not None:
             run.environment.load_state_dict(state.get("environment") or {})
-        if run.reward_refresh is not None:
-            run.reward_refresh.load_state_dict(state["reward_model"])
+        for i, part in enumerate(run.online_rewards):
+            part.load_state_dict(state["online_rewards"][i])
         # Checkpoints written before the newest evaluation was kept carry only the one before training.
         return LoopState(state["step"], state["samples"], state["bad_steps"], state["before"],
                          state.get("latest_eval", state["before"]))
@@ -146,9 +146,8 @@ def learn(run: RunParts, scored, metrics: dict, step: int) -> bool:
     metrics.update(run.learner.update(batch))
     if run.environment is not None:   # an environment that learns (a critic) updates on what it saw
         metrics.update(run.environment.after_step(step, step_record(scored)))
-    if run.reward_refresh is not None:   # a learned reward model relabels the policy's samples and updates
-        metrics.update(run.reward_refresh.after_step(step, scored.rollout.texts, scored.items,
-                                                     scored.rollout.group_ids))
+    for part in run.online_rewards:   # a learned reward model relabels the policy's samples and updates
+        metrics.update(part.after_step(step, scored.rollout.texts, scored.items, scored.rollout.group_ids))
     if metrics.get("actor/empty_batch"):   # no update ran, so none was non-finite
         print(f"step {step}: nothing to train on (the objective left an empty batch, e.g. no preference "
               "pair: every group's rewards agree); this step makes no update")
@@ -201,8 +200,7 @@ def record_step(run: RunParts, recorder: RunRecorder, loop: LoopState, scored, m
                                "recorder": recorder.state_dict(),
                                **({"environment": run.environment.state_dict()} if run.environment is not None
                                   else {}),
-                               **({"reward_model": run.reward_refresh.state_dict()} if run.reward_refresh is not None
-                                  else {})})
+                               "online_rewards": [part.state_dict() for part in run.online_rewards]})
 
 
 def finish(run: RunParts, recorder: RunRecorder, loop: LoopState) -> dict:
@@ -214,7 +212,7 @@ def finish(run: RunParts, recorder: RunRecorder, loop: LoopState) -> dict:
     run.learner.close()   # fsdp2: releases the other ranks (only after success; on failure torchrun ends them)
     return {"before": loop.before, "after": after, "warmup": run.start.warmup_summary,
             "learner_threads": run.start.threads,
-            **({"reward_model": run.reward_models} if run.reward_models is not None else {})}
+            **({"prepared_rewards": run.prepared_rewards} if run.prepared_rewards else {})}
 
 
 def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:

@@ -163,8 +163,8 @@ def test_a_run_trains_its_reward_model_and_logs_proxy_gold_and_kl(warm_cache, tm
     assert steps[0]["kl_ref/seq"] == pytest.approx(0.0, abs=1e-4)   # the policy is the reference at step 1
     assert all("eval/proxy_reward" in m and "eval/accuracy" in m for m in lines if "eval/accuracy" in m)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert 0.0 <= summary["reward_model"]["held_out_accuracy"] <= 1.0
-    rm_dir = summary["reward_model"]["dir"]
+    assert 0.0 <= summary["prepared_rewards"]["reward_model"]["held_out_accuracy"] <= 1.0
+    rm_dir = summary["prepared_rewards"]["reward_model"]["dir"]
     again = run_train([*TINY_RUN, *rm, "trainer.total_steps=0"], tmp_path / "again", warm_cache)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"reward model: cached {rm_dir}" in again.stdout

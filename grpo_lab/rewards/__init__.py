@@ -2,7 +2,8 @@
 
 Public API::
 
-    REWARDS: Registry("reward")  correctness | correctness_binary | math_verify | format | llm_judge | reward_model
+    REWARDS: Registry("reward")  correctness | correctness_binary | math_verify | format | llm_judge
+             | reward_model (registered by grpo_lab.second_models, where the models live)
              (or a plug-in "package.module:function", imported on first use by the registry)
     compute_rewards(completions, items, specs, *, timeout_s, on_error, max_error_frac, settings, isolation,
                     max_consecutive_timeouts)
@@ -15,7 +16,6 @@ Public API::
 """
 
 from . import llm_judge as _llm_judge  # noqa: F401  (registers "llm_judge"; imports no model until called)
-from . import reward_model as _reward_model  # noqa: F401  (registers "reward_model"; loads no model until called)
 from .answers import ANSWER_FORMATS, answer_marked, extract_answer, format_solution
 from .core import (REWARDS, RewardError, RewardResult, RewardTimeout, RewardValues, compute_rewards, contained_settings,
                    is_correct, reward_fields)

@@ -1,4 +1,5 @@
-"""Reward ``reward_model``: learned reward models score each (prompt, completion); the proxy reward of RLHF.
+"""The rules of reward ``reward_model`` (registered by grpo_lab/second_models/learned_reward.py, where the models
+live): learned reward models score each (prompt, completion); the proxy reward of RLHF.
 
 The models are the directories in ``reward.reward_model.dirs`` (what ``python -m grpo_lab.train_reward_model``
 writes, or what a run with ``reward=reward_model`` trains itself from the top-level ``reward_model`` section,
@@ -20,7 +21,6 @@ The gold scorer is separate: evaluation and ``reward/correct_frac`` always use t
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .core import REWARDS, RewardValues
 
 NORMALIZATIONS = ("none", "batch", "group")
 ENSEMBLE_RULES = ("mean", "min", "mean_minus_std")
@@ -65,29 +64,6 @@ def normalize_scores(values: Tensor, how: str, groups: Sequence[Any] | None = No
     raise ValueError(f"unknown normalisation {how!r} ({', '.join(NORMALIZATIONS)})")
 
 
-# ------------------------------------------------------------------------------------ the loaded models
-_MODELS: dict[str, Any] = {}
-_LOCK = threading.Lock()
-
-
-def loaded_reward_model(path: str | Path):
-    """The RewardModel saved at `path`, loaded once per process (on the GPU when there is one)."""
-    from grpo_lab.second_models.reward_model import RewardModel
-
-    key = str(Path(path).resolve())
-    with _LOCK:
-        if key not in _MODELS:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            _MODELS[key] = RewardModel(key, lr=0.0, device=device)
-        return _MODELS[key]
-
-
-def forget_reward_model(path: str | Path) -> None:
-    """Drop a loaded model (its directory was rewritten, e.g. by an online refresh)."""
-    with _LOCK:
-        _MODELS.pop(str(Path(path).resolve()), None)
-
-
 def check_reward_model_reward(rw: Any, errors: list[str], machine: bool = True) -> None:
     """reward.reward_model settings (the REWARDS `check` fact), before anything loads."""
     r = rw.reward_model
@@ -111,27 +87,4 @@ def check_reward_model_reward(rw: Any, errors: list[str], machine: bool = True) 
                               "train one with `python -m grpo_lab.train_reward_model` or set dirs=null")
 
 
-@REWARDS.register("reward_model", check=check_reward_model_reward, may_hang=False)
-def reward_model_reward(completions: list[str], *, prompt: list[str], reward_model: Mapping[str, Any],
-                        **_: Any) -> RewardValues:
-    """The learned reward of each completion (module docstring), with the raw member mean (and the members'
-    std for an ensemble) in ``info``."""
-    dirs = reward_model["dirs"]
-    if not dirs:
-        raise RuntimeError("reward.reward_model.dirs is empty: the run trains its reward models before the first "
-                           "step (grpo_lab.run_setup); a reward call outside a run must name them")
-    members = [loaded_reward_model(d) for d in dirs]
-    batch = int(reward_model["batch_size"])
-    scores = torch.tensor([m.scores(prompt, completions, batch_size=batch) for m in members], dtype=torch.float32)
-    values = combine_members(scores, str(reward_model["ensemble"]), float(reward_model["ensemble_std_coef"]))
-    values = normalize_scores(values, str(reward_model["normalize"]), prompt)
-    if reward_model["clip"] is not None:
-        values = values.clamp(-float(reward_model["clip"]), float(reward_model["clip"]))
-    info = {"raw": scores.mean(0).tolist()}
-    if len(members) > 1:
-        info["std"] = scores.std(0, unbiased=False).tolist()
-    return RewardValues(values.tolist(), info=info)
-
-
-__all__ = ["ENSEMBLE_RULES", "NORMALIZATIONS", "combine_members", "forget_reward_model", "loaded_reward_model",
-           "normalize_scores", "reward_model_reward"]
+__all__ = ["ENSEMBLE_RULES", "NORMALIZATIONS", "check_reward_model_reward", "combine_members", "normalize_scores"]

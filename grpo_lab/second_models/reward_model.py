@@ -21,6 +21,7 @@ prefix ``reward_model/``.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -99,3 +100,23 @@ class RewardModel:
         model = copy.deepcopy(self.model).merge_and_unload() if hasattr(self.model, "merge_and_unload") else self.model
         model.save_pretrained(str(path))
         self.tokenizer.save_pretrained(str(path))
+
+
+_MODELS: dict[str, "RewardModel"] = {}
+_LOCK = threading.Lock()
+
+
+def loaded_reward_model(path: str | Path):
+    """The RewardModel saved at `path`, loaded once per process (on the GPU when there is one)."""
+    key = str(Path(path).resolve())
+    with _LOCK:
+        if key not in _MODELS:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            _MODELS[key] = RewardModel(key, lr=0.0, device=device)
+        return _MODELS[key]
+
+
+def forget_reward_model(path: str | Path) -> None:
+    """Drop a loaded model (an online refresh is done with it)."""
+    with _LOCK:
+        _MODELS.pop(str(Path(path).resolve()), None)

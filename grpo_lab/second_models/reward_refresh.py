@@ -7,7 +7,7 @@ iterative reward-model updates, arXiv 2307.09288 §3.2.2; Oat's online Bradley-T
         .state_dict() / .load_state_dict(state)                   weights and optimizer, in the run's checkpoints
         .close()                                                  the refreshed copies are dropped with the run
 
-The members are the very objects reward=reward_model scores with (grpo_lab.rewards.reward_model keeps one per
+The members are the very objects reward=reward_model scores with (reward_model.loaded_reward_model keeps one per
 directory in this process), so an update is seen by the next reward call. The pairs of a refresh are drawn
 from the step's groups (pairs of distinct completions of one prompt with different gold scores,
 grpo_lab.second_models.preference_data), by a generator seeded by run seed and step: a resumed run draws
@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 
 from grpo_lab.rewards import compute_rewards, contained_settings
-from grpo_lab.rewards.reward_model import forget_reward_model, loaded_reward_model
+from grpo_lab.second_models.reward_model import forget_reward_model, loaded_reward_model
 from grpo_lab.second_models.preference_data import groups_from_scores, swap_labels
 
 
