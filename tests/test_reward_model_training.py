@@ -149,10 +149,10 @@ def test_bad_reward_model_settings_are_refused_before_anything_loads(overrides, 
 
 # ------------------------------------------------------------------------------------------- end to end
 def test_a_run_trains_its_reward_model_and_logs_proxy_gold_and_kl(warm_cache, tmp_path):
-    """reward=reward_model with no dirs: the run trains the reward model on the warm-up's labelled samples
+    """experiment=rlhf_tiny, 2 steps (reward=reward_model with no dirs): the run trains the reward model on the warm-up's labelled samples
     (cached), optimises against it, and logs the proxy (reward/reward_model, eval/proxy_reward) beside the gold
     (reward/correct_frac, eval/accuracy) and KL(pi || pi_ref) of each step's samples; a second run finds it cached."""
-    rm = ["reward=reward_model", "rollout=hf", "trainer.eval_every=1", "reward_model.data.pairs=200",
+    rm = ["experiment=rlhf_tiny", "trainer.eval_every=1", "reward_model.data.pairs=200",
           "reward_model.data.held_out_pairs=50", "reward_model.max_steps=20", "reward_model.eval_every=10"]
     proc = run_train([*TINY_RUN, *rm], tmp_path / "run", warm_cache)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -195,3 +195,23 @@ def test_kill_9_then_resume_with_an_online_reward_model_refresh_equals_an_uninte
                           env={**os.environ, "WANDB_MODE": "offline"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert comparable(read_metrics(tmp_path / "killed")) == comparable(reference)
+
+
+@pytest.mark.slow
+def test_the_smollm2_rlhf_recipe_runs_two_steps(tmp_path):
+    """experiment=rlhf_smollm2 at a toy budget: a LoRA reward model on SmolLM2-135M-Instruct (its chat template,
+    a scalar head) trained on the instruct model's own labelled samples, then 2 GRPO steps against it on vLLM."""
+    tiny = ["logger=none", "trainer.total_steps=2", "trainer.prompts_per_step=4", "rollout.group_size=4",
+            "trainer.eval_every=0", "task.dev_size=16", "task.test_size=8", "task.train_size=2000",
+            "task.min_distinct_train_prompts=0", "reward_model.data.pairs=24", "reward_model.data.held_out_pairs=8",
+            "reward_model.max_steps=4", "reward_model.eval_every=2", "reward_model.batch_size=8",
+            "reward_model.data.engine=hf", "trainer.checkpoint_every=0"]
+    proc = run_train(["experiment=rlhf_smollm2", *tiny], tmp_path / "run", tmp_path / "cache", timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [m for m in read_metrics(tmp_path / "run") if "reward/reward_model" in m]
+    assert len(steps) == 2 and all("kl_ref/seq" in m for m in steps)
+    member = json.loads((tmp_path / "run" / "summary.json").read_text())["prepared_rewards"]["reward_model"]["dir"]
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(f"{member}/member_0")
+    assert model.config.num_labels == 1
