@@ -94,10 +94,12 @@ def plot_gold_proxy_vs_kl(groups: Sequence[Group], out_png: str | Path, *, title
     for group in groups:
         points: dict[float, list[tuple[float, float, float | None]]] = {}
         for run in group.runs_for_stats(include_incomplete):
+            # The evaluation after training is a line of its own: its step's KL is on the step's line.
+            kl_by_step = {row["step"]: row["kl_ref/seq"] for row in run.metrics if "kl_ref/seq" in row}
             for row in run.metrics:
                 if "eval/accuracy" not in row:
                     continue
-                kl = row.get("kl_ref/seq", 0.0 if row.get("step") == 0 else None)
+                kl = kl_by_step.get(row.get("step"), 0.0 if row.get("step") == 0 else None)
                 if kl is None:
                     continue
                 points.setdefault(row["step"], []).append(
