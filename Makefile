@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms bench-algorithms-smollm2 clean
+.PHONY: help venv run train-rm run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms bench-algorithms-smollm2 clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -15,6 +15,9 @@ venv: ## Create .venv if missing or out of date: cuda stack with an NVIDIA GPU, 
 
 run: venv ## Default experiment: build tiny model, warm-up SFT (cached), GRPO with vLLM, before/after table
 	$(PY) -m grpo_lab.train $(ARGS)
+
+train-rm: venv ## Train a reward model (cached by content): make train-rm ARGS="experiment=rlhf_tiny reward_model.data.label_noise=0.2"
+	$(PY) -m grpo_lab.train_reward_model $(ARGS)
 
 NPROC ?= 2
 run-fsdp: venv ## Learner sharded with FSDP2 over NPROC processes (torchrun; gloo on CPU, NCCL on GPU; learner.num_devices must equal NPROC): make run-fsdp NPROC=2 ARGS="learner.num_devices=2 ..."
@@ -62,7 +65,7 @@ bench-algorithms-smollm2: venv ## ppo (critic) vs grpo, rloo, gspo on the SmolLM
 # JOBS=2: parallel jobs. SCALE=full: the conf/experiment GPU recipe. ARGS: e.g. --report-only.
 # A table stopped mid-way (killed, machine off) continues when its command runs again: finished runs
 # are kept, interrupted ones resume from their newest checkpoint (the table's checkpoint_every).
-.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-noise table-noise-length table-noise-remedy table-critique table-status readme-tables
+.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-noise table-noise-length table-noise-remedy table-critique table-overoptimization table-status readme-tables
 
 table-status: venv ## Each run of a table: done / running / interrupted / failed / to do, and the time left: make table-status NAME=dapo [SMOKE=1]
 	@test -n "$(NAME)" || { echo "usage: make table-status NAME=<table in conf/table> [SMOKE=1]"; exit 2; }
@@ -100,6 +103,9 @@ table-noise-remedy: venv ## Table: DPO vs cDPO vs rDPO with preference labels sw
 
 table-critique: venv ## Table: single-turn GRPO vs revising after the verifier's or a critic LLM's feedback (frozen, SFT, RL; critic every 1 or 4 steps)
 	$(PY) scripts/make_table.py critique $(ARGS)
+
+table-overoptimization: venv ## Table: GRPO, PPO, RLOO, group DPO against a good and a weak learned reward model, + ensemble and KL rows; gold/proxy vs sqrt(KL)
+	$(PY) scripts/make_table.py overoptimization $(ARGS)
 
 table-smollm2: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO on SmolLM2-135M-Instruct, 2 seeds (about 8 h on 2 CPU cores; resumes where it stopped)
 	$(PY) scripts/make_table.py smollm2 $(ARGS)

@@ -100,7 +100,8 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
         errors.append(f"{bad} is not a finite number; set it to a finite value")
     cfg = _check_group_size_schedule(cfg, errors)
     for check in (_check_algorithm, _check_model, _check_rollout, _check_learner, _check_world_size,
-                  _check_learner_scale, _check_trainer, _check_logger_and_warmup, _check_interaction):
+                  _check_learner_scale, _check_trainer, _check_logger_and_warmup, _check_interaction,
+                  _check_reward_model):
         check(cfg, errors, machine)
     # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
     # task splits and the task source's own settings
@@ -407,6 +408,14 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
            "algorithm.overlong.soft_buffer=0 or interaction=none", errors)
 
 
+def _check_reward_model(cfg: DictConfig, errors: list[str], machine: bool) -> None:
+    """The top-level `reward_model` section (its trunk, data, loss and training), read by
+    `python -m grpo_lab.train_reward_model` and by a run with reward=reward_model that trains its own."""
+    from grpo_lab.second_models.reward_model_training import check_reward_model
+
+    check_reward_model(cfg, errors)
+
+
 def derive_run_name(cfg: DictConfig) -> str:
     """Run name from the settings researchers compare: task, model, algorithm, group size, the
     objective's knobs (clip and KL for the policy gradient, β for preference losses), seed; e.g.
@@ -430,6 +439,8 @@ def finalize(cfg: DictConfig) -> DictConfig:
     OmegaConf.set_struct(cfg, False)
     if cfg.run_name is None:   # an empty one is refused by validate, not replaced
         cfg.run_name = derive_run_name(cfg)
+    if cfg.algorithm.kl.track is None:   # against a learned reward, KL(π || π_ref) is always logged
+        cfg.algorithm.kl.track = "reward_model" in cfg.reward.weights
     OmegaConf.set_struct(cfg, True)
     return cfg
 

@@ -20,7 +20,7 @@ from grpo_lab.rewards import is_correct
 
 def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature: float = 0.0, n: int = 1,
              seed: int = 0, samples: list | None = None, max_samples: int = 0, environment=None,
-             max_turns: int = 1, max_model_len: int | None = None) -> dict:
+             max_turns: int = 1, max_model_len: int | None = None, proxy=None) -> dict:
     """Accuracy of `n` completions per held-out item, and the mean completion length of right and wrong ones.
 
     engine: any RolloutEngine (grpo_lab.rollout); its weights are the ones evaluated.
@@ -34,6 +34,9 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
     tokens (the engine's context, required then): eval/accuracy is the final answer's, and
     eval/first_acc, eval/wrong_to_right, eval/right_to_wrong say what the revision changed; rows gain
     `turns`.
+
+    With `proxy` ((texts, items) -> rewards: the run's training reward when it is learned), the same
+    completions' mean proxy reward is eval/proxy_reward, beside the gold eval/accuracy (single-turn).
     """
     if environment is not None:
         if max_model_len is None:
@@ -54,10 +57,14 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
     if samples is not None:
         samples.extend({"prompt": items[k // n].prompt, "completion": out.texts[k], "answer": items[k // n].answer,
                         "correct": bool(correct[k])} for k in range(min(max_samples, len(out.texts))))
+    proxied = {}
+    if proxy is not None:
+        rewards = proxy(out.texts, [items[k // n] for k in range(len(out.texts))])
+        proxied["eval/proxy_reward"] = sum(rewards) / max(len(rewards), 1)
     return {"eval/accuracy": sum(correct) / max(len(items) * n, 1),
             "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
             "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,
-            "eval/n": float(len(items))}
+            "eval/n": float(len(items)), **proxied}
 
 
 def _evaluate_conversations(engine, tokenizer, items: list, environment, *, max_turns: int, n: int, seed: int,
@@ -101,20 +108,21 @@ class Evaluator:
     environment: Any = None
     max_turns: int = 1
     max_model_len: int | None = None
+    proxy: Any = None   # (texts, items) -> training rewards, for eval/proxy_reward (a learned reward)
 
     @classmethod
     def of(cls, engine, tokenizer, items: list, *, rollout, trainer, interaction, seed: int,
-           environment=None) -> "Evaluator":
+           environment=None, proxy=None) -> "Evaluator":
         """From the run's rollout, trainer and interaction sections."""
         return cls(engine, tokenizer, items, max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
                    sampled_k=trainer.eval_sampled_k, seed=seed, environment=environment,
-                   max_turns=interaction.max_turns, max_model_len=rollout.max_model_len)
+                   max_turns=interaction.max_turns, max_model_len=rollout.max_model_len, proxy=proxy)
 
     def __call__(self, *, step: int, samples: list | None = None, max_samples: int = 0) -> dict:
         turns = ({"environment": self.environment, "max_turns": self.max_turns, "max_model_len": self.max_model_len}
                  if self.environment is not None else {})
         metrics = evaluate(self.engine, self.tokenizer, self.items, max_new_tokens=self.max_new_tokens,
-                           samples=samples, max_samples=max_samples, **turns)
+                           samples=samples, max_samples=max_samples, proxy=None if turns else self.proxy, **turns)
         if self.sampled_k:
             sampled = evaluate(self.engine, self.tokenizer, self.items, max_new_tokens=self.max_new_tokens,
                                temperature=self.temperature, n=self.sampled_k, seed=self.seed * 1_000_003 + step,

@@ -129,7 +129,8 @@ def run(cfg: DictConfig, loop: Loop) -> float:
         try:
             result = record_outcome(recorder, lambda: loop(cfg, recorder, resume_from),
                                     lambda r: {"warmup": r["warmup"], "learner_threads": r["learner_threads"],
-                                               "resumed_from": str(resume_from) if resume_from else None})
+                                               "resumed_from": str(resume_from) if resume_from else None,
+                                               **{k: r[k] for k in ("prepared_rewards",) if k in r}})
         finally:
             run_guard.on_stuck_sigterm(None)
     print_before_after(result, recorder.run_dir)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +216,8 @@ class RunParts:
     learner_lr: float   # named when the weights turn non-finite (the learner may be a remote proxy)
     environment: Any = None
     state: dict | None = None
+    prepared_rewards: dict | None = None   # what rewards built before the run (a learned reward model's stats)
+    online_rewards: list = field(default_factory=list)   # parts that keep training a reward during the run
 
     @property
     def tokenizer(self):
@@ -230,7 +232,43 @@ class RunParts:
         self.pipeline.close()
         if self.environment is not None:
             self.environment.close()
+        for part in self.online_rewards:
+            part.close()
         self.engine.close()
+
+
+def prepare_rewards(cfg, start: RunStart) -> dict | None:
+    """What each reward of the run needs built before its first step, with the starting policy at hand (the
+    REWARDS entry's `prepare` fact: a learned reward model trains here, cached); their stats by reward name
+    (None when no reward prepares anything)."""
+    from grpo_lab.rewards import REWARDS
+
+    stats = {}
+    for name in cfg.reward.weights:
+        prepare = REWARDS.fact(str(name), "prepare") if name in REWARDS else None
+        if prepare is not None and (result := prepare(cfg, start)) is not None:
+            stats[str(name)] = result
+    return stats or None
+
+
+def online_rewards(cfg) -> list:
+    """The parts that keep training the run's rewards during RL (the REWARDS entry's `online` fact)."""
+    from grpo_lab.rewards import REWARDS
+
+    parts = [REWARDS.fact(str(name), "online")(cfg) for name in cfg.reward.weights
+             if name in REWARDS and REWARDS.fact(str(name), "online") is not None]
+    return [p for p in parts if p is not None]
+
+
+def learned_reward(reward_cfg):
+    """(texts, items) -> the training reward, when it is learned (reward.weights names reward_model): the
+    evaluation's proxy column. None otherwise (the training reward is a verifier: gold already)."""
+    if "reward_model" not in reward_cfg.weights:
+        return None
+    from grpo_lab.rewards import compute_rewards, contained_settings
+
+    return lambda texts, items: compute_rewards(texts, items, list(reward_cfg.weights.items()),
+                                                **contained_settings(reward_cfg))[0]
 
 
 def start_learner(cfg: DictConfig, start: RunStart, resume_from: Path | None) -> tuple[Any, Any, dict | None]:
@@ -268,6 +306,7 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
     """Every part of an RL run, each handed its own section of `cfg`; the loop (grpo_lab.train) then reads
     no config. What was started before a later part failed is closed again."""
     start = start_run(cfg)   # seed, learner threads, device, task, warm-up checkpoint, tokenizer
+    prepared = prepare_rewards(cfg, start)   # e.g. reward=reward_model without dirs: trained here (cached)
     learner, build_engine, state = start_learner(cfg, start, resume_from)
     engine = start_engine(cfg, start, build_engine)
     environment = None
@@ -277,10 +316,11 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
         sampler = objective.make_sampler(cfg, engine, start.tokenizer, start.task.splits["train"], environment)
         evaluator = Evaluator.of(engine, start.tokenizer, start.task.splits[cfg.trainer.eval_split],
                                  rollout=cfg.rollout, trainer=cfg.trainer, interaction=cfg.interaction, seed=cfg.seed,
-                                 environment=environment)
+                                 environment=environment, proxy=learned_reward(cfg.reward))
         return RunParts(start, learner, engine, RolloutPipeline(sampler, cfg, max_staleness=cfg.trainer.max_staleness),
                         objective, cfg.algorithm, RewardNormalizer(cfg.algorithm.reward_ema_decay), evaluator,
-                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state)
+                        cfg.trainer, cfg.seed, cfg.learner.lr, environment, state, prepared,
+                        online_rewards(cfg))
     except BaseException:
         if environment is not None:
             environment.close()

@@ -27,6 +27,10 @@ class KLConfig:
     estimator: str = "k3"
     # "loss": added to the policy loss (GRPO); "reward": subtracted from the token rewards (PPO, REINFORCE++).
     placement: str = "loss"
+    # Load the reference and log KL(π || π_ref) of each step's samples (kl_ref/seq, kl_ref/token) whatever
+    # the coefficient; null = when the reward is learned (reward.weights names reward_model), where the
+    # gold-vs-KL curve is the question (grpo_lab/config.py finalize fills it in).
+    track: Optional[bool] = None
 
 
 @dataclass
@@ -254,6 +258,27 @@ class RewardNoiseConfig:
 
 
 @dataclass
+class RewardModelRewardConfig:
+    """``reward.reward_model``: how reward=reward_model turns the learned reward models' scores into rewards
+    (grpo_lab/rewards/reward_model.py)."""
+
+    # Directories of trained reward models (what `python -m grpo_lab.train_reward_model` writes; several = an
+    # ensemble). null = the run trains them itself from the top-level `reward_model` section (cached by content).
+    dirs: Optional[List[str]] = None
+    # Normalisation of the scores in each call: none | batch (z-score over the call's samples) | group (z-score
+    # over each prompt's samples). A running z-score across steps is algorithm.reward_ema_decay (checkpointed).
+    normalize: str = "none"
+    # Clamp the (normalised) reward to [-clip, clip]; null = no clamp.
+    clip: Optional[float] = None
+    # How an ensemble's scores combine (Coste et al., arXiv 2310.02743): mean | min (worst case) |
+    # mean_minus_std (uncertainty-weighted: mean - ensemble_std_coef * std).
+    ensemble: str = "mean"
+    ensemble_std_coef: float = 1.0
+    # Rows per reward-model forward.
+    batch_size: int = 64
+
+
+@dataclass
 class RewardConfig:
     # Reward functions and their weights (weighted sum): a registered name (grpo_lab/rewards) or a
     # plug-in import path, e.g. +reward.weights={my_pkg.rewards.length_penalty: 0.5} (or "pkg.mod:fn").
@@ -277,6 +302,8 @@ class RewardConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     # Controlled noise on the training reward, after the reward functions, before shaping and advantages.
     noise: RewardNoiseConfig = field(default_factory=RewardNoiseConfig)
+    # The learned reward models of reward reward_model (read only when reward.weights names reward_model).
+    reward_model: RewardModelRewardConfig = field(default_factory=RewardModelRewardConfig)
 
 
 @dataclass
@@ -563,6 +590,72 @@ class InteractionConfig:
 
 
 @dataclass
+class PreferenceDataConfig:
+    """``reward_model.data``: the preferences a reward model learns from (grpo_lab/second_models/preference_data.py)."""
+
+    # policy_samples: samples_per_prompt completions per prompt from the run's starting policy (the warm-up
+    # checkpoint), labelled by the `gold` reward; jsonl: `path`, one {"prompt", "chosen", "rejected"[, "margin"]}
+    # or {"prompt", "ranked": [best, ..., worst]} object a line.
+    source: str = "policy_samples"
+    path: Optional[str] = None
+    # jsonl: a held-out file; null = the last held_out_frac of `path`'s lines.
+    held_out_path: Optional[str] = None
+    held_out_frac: float = 0.1
+    # policy_samples: training pairs (from the task's train prompts) and held-out pairs (from its dev prompts).
+    pairs: int = 2000
+    held_out_pairs: int = 200
+    samples_per_prompt: int = 4
+    temperature: float = 1.0
+    # The engine that samples them (grpo_lab.rollout): hf (transformers generate; no second engine start for a
+    # tiny model) or vllm (a real model's thousands of samples).
+    engine: str = "hf"
+    # The gold scorer that labels samples: a registered reward (grpo_lab/rewards) or a plug-in import path.
+    gold: str = "correctness_binary"
+    # Probability that a training pair's labels are swapped: a noisy annotator (held-out pairs stay clean).
+    label_noise: float = 0.0
+    # pairs (Bradley-Terry) | ranked (one completion per distinct gold score, best first, for Plackett-Luce).
+    form: str = "pairs"
+
+
+@dataclass
+class RewardModelConfig:
+    """``reward_model``: a learned reward model's trunk, data and training (grpo_lab/second_models/)."""
+
+    # The trunk under the scalar head: policy (the run's starting policy, the warm-up checkpoint, as InstructGPT
+    # starts its reward model from the SFT model), base (the built model before any warm-up) or path (a local
+    # Hugging Face directory; it may use another tokenizer than the policy's).
+    trunk: str = "policy"
+    path: Optional[str] = None
+    data: PreferenceDataConfig = field(default_factory=PreferenceDataConfig)
+    # A registered ranking loss (grpo_lab/algos/ranking.py): bradley_terry | plackett_luce.
+    loss: str = "bradley_terry"
+    # Llama 2's margin (arXiv 2307.09288 eq. 2): margin_scale x (gold of chosen - gold of rejected) for
+    # sampled pairs; a jsonl pair's own "margin" field is used as written. 0 = no margin.
+    margin_scale: float = 0.0
+    lr: float = 1.0e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    # Groups (pairs) per optimizer step, at most this many steps, held-out evaluation every eval_every steps;
+    # training stops after `patience` evaluations without a better held-out accuracy and keeps the best one.
+    batch_size: int = 32
+    max_steps: int = 600
+    eval_every: int = 25
+    patience: int = 4
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    dtype: str = "fp32"
+    # k reward models, each from its own seed (head initialisation and data order) on the same data: an ensemble.
+    ensemble_size: int = 1
+    # Online refresh during RL (iterative RLHF; Oat's online reward model): every refresh_every steps, up to
+    # refresh_pairs pairs of that step's samples are labelled by data.gold (with data.label_noise) and every
+    # member takes refresh_steps ranking steps on them. 0 = the reward model stays frozen.
+    refresh_every: int = 0
+    refresh_pairs: int = 64
+    refresh_steps: int = 1
+    # Reuse a cached reward model keyed by all of the above, the trunk and the data.
+    cache: bool = True
+
+
+@dataclass
 class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -574,6 +667,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     interaction: InteractionConfig = field(default_factory=InteractionConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     seed: int = 0
     # Derived at start (see derive_run_name) unless set.
     run_name: Optional[str] = None

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from grpo_lab import checkpoint, launch
+from grpo_lab.algos.kl import sequence_kl
 from grpo_lab.interaction import step_record
 from grpo_lab.learner.learner import release_freed_host_memory
 from grpo_lab.logging.recorder import RunRecorder
@@ -110,12 +111,24 @@ def begin(run: RunParts, recorder: RunRecorder) -> LoopState:
         checkpoint.set_rng_state(state["rng"])
         if run.environment is not None:
             run.environment.load_state_dict(state.get("environment") or {})
+        for i, part in enumerate(run.online_rewards):
+            part.load_state_dict(state["online_rewards"][i])
         # Checkpoints written before the newest evaluation was kept carry only the one before training.
         return LoopState(state["step"], state["samples"], state["bad_steps"], state["before"],
                          state.get("latest_eval", state["before"]))
     before = evaluate_and_log_samples(run.evaluator, recorder, step=0, samples_per_log=run.trainer.samples_per_log)
     log_initial_eval(recorder, run.start, before)
     return LoopState(before=before, latest_eval=before)
+
+
+def reference_kl_metrics(batch) -> dict[str, float]:
+    """KL(π || π_ref) of the step's samples, under the policy that sampled them (the sampler's log-probs; the
+    learner's own for pairs read from a file): kl_ref/seq summed over each completion's policy tokens, and
+    kl_ref/token per token (grpo_lab.algos.kl.sequence_kl)."""
+    logp = batch["sampler_logprobs"] if "sampler_logprobs" in batch else batch["learner_logprobs"]
+    mask = batch["response_mask"].float()   # the policy's own tokens (a multi-turn environment's are 0)
+    per_seq = sequence_kl(logp.float(), batch["ref_logprobs"].float(), mask)
+    return {"kl_ref/seq": float(per_seq.mean()), "kl_ref/token": float(per_seq.sum() / mask.sum().clamp(min=1))}
 
 
 def learn(run: RunParts, scored, metrics: dict, step: int) -> bool:
@@ -125,12 +138,16 @@ def learn(run: RunParts, scored, metrics: dict, step: int) -> bool:
         return True
     batch = to_learner_batch(scored, run.tokenizer)
     metrics.update(run.learner.score(batch))
+    if "ref_logprobs" in batch:   # KL of this step's samples from the reference: the x axis of over-optimisation
+        metrics.update(reference_kl_metrics(batch))
     batch, prep_metrics = run.objective.prepare(batch, run.algorithm, normalizer=run.normalizer, step=step,
                                                 seed=run.seed)
     metrics.update(prep_metrics)
     metrics.update(run.learner.update(batch))
     if run.environment is not None:   # an environment that learns (a critic) updates on what it saw
         metrics.update(run.environment.after_step(step, step_record(scored)))
+    for part in run.online_rewards:   # a learned reward model relabels the policy's samples and updates
+        metrics.update(part.after_step(step, scored.rollout.texts, scored.items, scored.rollout.group_ids))
     if metrics.get("actor/empty_batch"):   # no update ran, so none was non-finite
         print(f"step {step}: nothing to train on (the objective left an empty batch, e.g. no preference "
               "pair: every group's rewards agree); this step makes no update")
@@ -182,7 +199,8 @@ def record_step(run: RunParts, recorder: RunRecorder, loop: LoopState, scored, m
                                "pipeline": run.pipeline.state_dict(), "normalizer": run.normalizer.state_dict(),
                                "recorder": recorder.state_dict(),
                                **({"environment": run.environment.state_dict()} if run.environment is not None
-                                  else {})})
+                                  else {}),
+                               "online_rewards": [part.state_dict() for part in run.online_rewards]})
 
 
 def finish(run: RunParts, recorder: RunRecorder, loop: LoopState) -> dict:
@@ -193,7 +211,8 @@ def finish(run: RunParts, recorder: RunRecorder, loop: LoopState) -> dict:
         run.learner.save(recorder.run_dir / "checkpoints" / "final", run.tokenizer)
     run.learner.close()   # fsdp2: releases the other ranks (only after success; on failure torchrun ends them)
     return {"before": loop.before, "after": after, "warmup": run.start.warmup_summary,
-            "learner_threads": run.start.threads}
+            "learner_threads": run.start.threads,
+            **({"prepared_rewards": run.prepared_rewards} if run.prepared_rewards else {})}
 
 
 def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = None) -> dict:
@@ -228,6 +247,8 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
                             "perf/learn_s": t_learn, "perf/sync_s": t_sync,
                             "perf/wait_rollout_s": t_wait,
                             "perf/step_time_s": time.time() - t_step,
+                            # The reward's share of the step (a learned reward model's forward passes, a judge's)
+                            "perf/reward_share": metrics.get("perf/reward_s", 0.0) / max(time.time() - t_step, 1e-9),
                             "perf/cpu_time_s": time.process_time() - cpu_step,
                             "actor/skipped_steps": float(loop.bad_steps)})
             record_step(run, recorder, loop, scored, metrics, progress)

@@ -47,7 +47,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     ("second models", ["grpo_lab.second_models"]),
     ("config", ["grpo_lab.config"]),
     ("launch", ["grpo_lab.launch"]),                     # Hydra, run directory, resume, refusal; given the loop
-    ("entry point", ["grpo_lab.train"]),
+    ("entry point", ["grpo_lab.train", "grpo_lab.train_reward_model"]),
     ("report", ["grpo_lab.report"]),
     ("tables", ["grpo_lab.tables"]),
 ]

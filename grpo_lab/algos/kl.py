@@ -47,3 +47,11 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     x = (ref_logprobs - logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.exp(x) - x - 1.0
+
+
+def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-sequence KL(pi || pi_ref) estimate: the k1 log-ratios summed over each row's masked tokens.
+    Unbiased for the KL between the two distributions over whole completions when the rows are samples of
+    pi (the chain rule sums the per-token KLs); the quantity whose square root is the x axis of Gao et al.'s
+    over-optimisation curves (arXiv 2210.10760 §2). Shapes: [N, T] x 3 -> [N]."""
+    return ((logprobs - ref_logprobs) * mask).sum(-1)

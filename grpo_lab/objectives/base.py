@@ -66,7 +66,7 @@ class Objective:
 
     def needs_reference(self, algo) -> bool:
         """Whether the learner must hold a frozen copy of the starting policy (loaded only then)."""
-        return algo.kl.coef > 0
+        return algo.kl.coef > 0 or bool(algo.kl.track)
 
     def needs_critic(self, algo) -> bool:
         """Whether the learner must train a value model."""

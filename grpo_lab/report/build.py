@@ -95,6 +95,11 @@ def build_report(
         groups, png_path, metric=metric, x=x, title=title, confidence=confidence,
         include_incomplete=include_incomplete,
     )
+    if any("kl_ref/seq" in row for r in runs for row in r.metrics):   # runs against a learned reward
+        from .plots import plot_gold_proxy_vs_kl
+
+        plot_gold_proxy_vs_kl(groups, stem.with_name(stem.name + "_kl.png"), title=title,
+                              include_incomplete=include_incomplete)
     write_csv(table, csv_path)
     write_runs_csv(groups, table.columns, table.ctx, runs_csv_path)
     write_curves_csv(runs, metric, curves_csv_path)

@@ -81,3 +81,48 @@ def plot_curves(
     fig.savefig(out_png)
     plt.close(fig)
     return out_png
+
+
+def plot_gold_proxy_vs_kl(groups: Sequence[Group], out_png: str | Path, *, title: str | None = None,
+                          include_incomplete: bool = False) -> Path:
+    """Over-optimisation in the shape of Gao et al.'s Fig. 1 (arXiv 2210.10760): gold (eval/accuracy) and proxy
+    (eval/proxy_reward) against sqrt(KL(pi || pi_ref)) (kl_ref/seq of the evaluation's step; 0 before training),
+    one line per group, each point the mean over seeds at one evaluation step."""
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig, (gold_ax, proxy_ax) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=150)
+    for group in groups:
+        points: dict[float, list[tuple[float, float, float | None]]] = {}
+        for run in group.runs_for_stats(include_incomplete):
+            # The evaluation after training is a line of its own: its step's KL is on the step's line.
+            kl_by_step = {row["step"]: row["kl_ref/seq"] for row in run.metrics if "kl_ref/seq" in row}
+            for row in run.metrics:
+                if "eval/accuracy" not in row:
+                    continue
+                kl = kl_by_step.get(row.get("step"), 0.0 if row.get("step") == 0 else None)
+                if kl is None:
+                    continue
+                points.setdefault(row["step"], []).append(
+                    (max(float(kl), 0.0) ** 0.5, float(row["eval/accuracy"]), row.get("eval/proxy_reward")))
+        steps = sorted(points)
+        if not steps:
+            continue
+        xs = [sum(p[0] for p in points[s]) / len(points[s]) for s in steps]
+        gold = [100 * sum(p[1] for p in points[s]) / len(points[s]) for s in steps]
+        (line,) = gold_ax.plot(xs, gold, marker="o", ms=3, label=group.label)
+        proxy = [(x, sum(p[2] for p in points[s]) / len(points[s])) for x, s in zip(xs, steps)
+                 if all(p[2] is not None for p in points[s])]
+        if proxy:
+            proxy_ax.plot([x for x, _ in proxy], [y for _, y in proxy], marker="o", ms=3, color=line.get_color(),
+                          label=group.label)
+    for ax, ylabel in ((gold_ax, "gold: eval/accuracy (%)"), (proxy_ax, "proxy: eval/proxy_reward")):
+        ax.set_xlabel("sqrt(KL(pi || pi_ref)) of the step's samples (nats^0.5)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    gold_ax.legend(fontsize=6, loc="best")
+    if title:
+        fig.suptitle(textwrap.fill(title, 120), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out_png)
+    plt.close(fig)
+    return out_png

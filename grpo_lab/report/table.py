@@ -123,6 +123,24 @@ def _min_of(run: Run, metric: str) -> float | None:
     return min(vals) if vals else None
 
 
+def _peak_step(run: Run) -> float | None:
+    """The step of the best held-out (gold) accuracy, the first such step on a tie."""
+    xs, ys = series(run, ACC, "step")
+    return xs[ys.index(max(ys))] if ys else None
+
+
+def _kl_at_peak(run: Run) -> float | None:
+    """KL(π || π_ref) of the step's samples (kl_ref/seq) at the gold peak; 0 when the peak is the evaluation
+    before training (the policy is the reference then); None when the run logged no KL."""
+    step = _peak_step(run)
+    if step is None or not any("kl_ref/seq" in row for row in run.metrics):
+        return None
+    if step == 0:
+        return 0.0
+    return next((_num(row["kl_ref/seq"]) for row in run.metrics if row.get("step") == step and "kl_ref/seq" in row),
+                None)
+
+
 def _gain(run: Run) -> float | None:
     final, initial = final_value(run, ACC), initial_value(run, ACC)
     return None if final is None or initial is None else final - initial
@@ -184,6 +202,10 @@ COLUMNS: dict[str, Column] = {
             "pct",
         ),
         Column("final_entropy", "Final entropy", lambda r, c: final_value(r, "actor/entropy")),
+        # Over-optimisation (Gao et al., arXiv 2210.10760): where the gold accuracy peaks, and how far from the
+        # reference the policy had moved by then.
+        Column("steps_to_peak", "Steps to peak", lambda r, c: _peak_step(r), "count"),
+        Column("kl_at_peak", "KL at peak (nats)", lambda r, c: _kl_at_peak(r)),
         Column(
             "wrong_len",
             "Wrong-answer len.",

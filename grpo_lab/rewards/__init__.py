@@ -3,6 +3,7 @@
 Public API::
 
     REWARDS: Registry("reward")  correctness | correctness_binary | math_verify | format | llm_judge
+             | reward_model (registered by grpo_lab.second_models, where the models live)
              (or a plug-in "package.module:function", imported on first use by the registry)
     compute_rewards(completions, items, specs, *, timeout_s, on_error, max_error_frac, settings, isolation,
                     max_consecutive_timeouts)

@@ -65,7 +65,11 @@ log = logging.getLogger(__name__)
 # Facts: `check(reward_cfg, errors, machine)` validates the reward's settings before anything loads (None = none);
 # `binary`: every value is 1.0 or 0.0 (what reward.noise.kind=flip needs);
 # `may_hang`: reward.isolation=auto runs the reward in a killable worker process (module docstring).
-REWARDS = Registry("reward", defaults={"check": None, "binary": False, "may_hang": True})
+# `prepare(cfg, start) -> stats`: what the reward needs built before the run's first step, with the run's starting
+# policy at hand (a learned reward model trains here), None = nothing; `online(cfg) -> object | None`: a part
+# that keeps training the reward during the run (after_step, state_dict, close), None = none.
+REWARDS = Registry("reward", defaults={"check": None, "binary": False, "may_hang": True, "prepare": None,
+                                       "online": None})
 
 # Where reward calls run (reward.isolation): auto = a worker for entries that may hang, here otherwise.
 ISOLATION = ("auto", "process", "thread")
@@ -544,7 +548,7 @@ def contained_settings(reward_cfg: Any) -> dict[str, Any]:
             "max_error_frac": float(reward_cfg.max_error_frac), "isolation": reward_cfg.isolation,
             "max_consecutive_timeouts": reward_cfg.max_consecutive_timeouts,
             # Resolved (${cache_dir} and the like) and plain, for a reward worker process.
-            "settings": {"judge": as_dict(reward_cfg.judge)}}
+            "settings": {"judge": as_dict(reward_cfg.judge), "reward_model": as_dict(reward_cfg.reward_model)}}
 
 
 def is_correct(completion: str, item: Any) -> bool:

@@ -1,7 +1,7 @@
 """Reward models: a trunk with a scalar head read at the last token of prompt + completion, trained on
 ranked completions as a second model.
 
-    RewardModel(model_dir, *, lr, grad_clip, seed, lora=None, dtype="fp32", device="cpu")
+    RewardModel(model_dir, *, lr, grad_clip, seed, lora=None, dtype="fp32", device="cpu", weight_decay=0.01)
         .scores(prompts, completions, *, batch_size) -> [N] floats    (no gradient)
         .ranking_step(groups, *, loss, margins=None) -> metrics     one step on ranked groups, best first
         .save(dir)                                                  a directory AutoModelForSequenceClassification loads
@@ -21,6 +21,7 @@ prefix ``reward_model/``.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,7 +36,7 @@ class RewardModel:
     """A scalar-head model over `model_dir`'s trunk (module docstring)."""
 
     def __init__(self, model_dir: str | Path, *, lr: float, grad_clip: float = 1.0, seed: int = 0, lora=None,
-                 dtype: str = "fp32", device: str = "cpu"):
+                 dtype: str = "fp32", device: str = "cpu", weight_decay: float = 0.01):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -47,7 +48,8 @@ class RewardModel:
             model.config.pad_token_id = self.tokenizer.pad_token_id
             if lora is not None and lora.rank > 0:
                 model = apply_lora(model, lora, task_type="SEQ_CLS")
-        self.second = SecondModel(model.to(device), lr=lr, grad_clip=grad_clip, prefix="reward_model/", dtype=dtype)
+        self.second = SecondModel(model.to(device), lr=lr, grad_clip=grad_clip, prefix="reward_model/", dtype=dtype,
+                                  weight_decay=weight_decay)
         self.model, self.device = self.second.model, torch.device(device)
 
     def encode(self, prompt: str, completion: str) -> list[int]:
@@ -98,3 +100,23 @@ class RewardModel:
         model = copy.deepcopy(self.model).merge_and_unload() if hasattr(self.model, "merge_and_unload") else self.model
         model.save_pretrained(str(path))
         self.tokenizer.save_pretrained(str(path))
+
+
+_MODELS: dict[str, "RewardModel"] = {}
+_LOCK = threading.Lock()
+
+
+def loaded_reward_model(path: str | Path):
+    """The RewardModel saved at `path`, loaded once per process (on the GPU when there is one)."""
+    key = str(Path(path).resolve())
+    with _LOCK:
+        if key not in _MODELS:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            _MODELS[key] = RewardModel(key, lr=0.0, device=device)
+        return _MODELS[key]
+
+
+def forget_reward_model(path: str | Path) -> None:
+    """Drop a loaded model (an online refresh is done with it)."""
+    with _LOCK:
+        _MODELS.pop(str(Path(path).resolve()), None)
