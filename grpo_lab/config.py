@@ -88,6 +88,7 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     installed): for configs that will run elsewhere (a GPU recipe composed on a laptop, a Slurm
     sweep checked on its login node). A run's entry point always checks its own machine.
     """
+    from grpo_lab.config_reads import unread_errors
     from grpo_lab.memory_plan import memory_plan_errors
     from grpo_lab.validation_io import validate_rollout_reward_task
 
@@ -102,6 +103,9 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     for check in (_check_algorithm, _check_model, _check_rollout, _check_learner, _check_world_size,
                   _check_learner_scale, _check_trainer, _check_logger_and_warmup, _check_interaction):
         check(cfg, errors, machine)
+    # A setting that differs from its default but that nothing in this run reads (flip_prob without
+    # reward.noise.kind=flip, label_smoothing with loss=ipo, ...): refused, naming what would read it.
+    errors.extend(unread_errors(cfg))
     # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
     # task splits and the task source's own settings
     validate_rollout_reward_task(cfg, errors, machine)
@@ -297,7 +301,7 @@ def _check_lr_schedule(ln: DictConfig, errors: list[str]) -> None:
     if _check(ln.lr_schedule in LR_SCHEDULES, f"learner.lr_schedule={ln.lr_schedule!r} is not registered; valid "
               f"choices: {', '.join(LR_SCHEDULES.names())}", errors):
         _check(ln.warmup_steps >= 0, f"learner.warmup_steps={ln.warmup_steps} must be >= 0 (0 = no warm-up)", errors)
-        if ln.lr_schedule != "constant":
+        if LR_SCHEDULES.fact(ln.lr_schedule, "decays"):
             _check(ln.total_steps is not None and ln.total_steps > ln.warmup_steps,
                    f"learner.lr_schedule={ln.lr_schedule} decays over learner.total_steps={ln.total_steps} steps, "
                    f"which must exceed learner.warmup_steps={ln.warmup_steps}; raise learner.total_steps (default: "

@@ -392,4 +392,4 @@ __all__ = ["CRITIC_TRAINING", "CriticEnvironment", "CriticLLMConfig", "critic_co
 
 
 # The actor sees the compact formats' letters (CHLW), so a character-level actor needs them in its alphabet.
-ENVIRONMENTS.register("critic", learns=True, needs_reference=True, alphabet=COMPACT_CHARS[1:])(CriticEnvironment)
+ENVIRONMENTS.register("critic", learns=True, needs_reference=True, alphabet=COMPACT_CHARS[1:], reads=("critic",))(CriticEnvironment)
