@@ -394,8 +394,10 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
                f"environment {i.environment} cannot say what it would answer to a given answer (it has no "
                "demo_message), so there are no demonstrations to make; set interaction.warmup_revision_frac=0 or name "
                "environments that can in interaction.warmup_demos_from", errors)
-        # An environment with settings of its own checks them here (the critic LLM: interaction.critic).
-        errors += getattr(ENVIRONMENTS.get(i.environment), "config_errors", lambda _cfg: [])(cfg)
+        # An environment with settings of its own checks them here (the critic LLM: interaction.critic);
+        # with `machine`, also what only this machine can tell (the critic's model directory exists here).
+        own_check = getattr(ENVIRONMENTS.get(i.environment), "config_errors", None)
+        errors += own_check(cfg, machine=machine) if own_check else []
         _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),
                f"interaction.environment={i.environment} learns during the run, and with trainer.max_staleness="
                f"{cfg.trainer.max_staleness} it would reply to the next step while it trains on this one: set "
