@@ -88,6 +88,7 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
     installed): for configs that will run elsewhere (a GPU recipe composed on a laptop, a Slurm
     sweep checked on its login node). A run's entry point always checks its own machine.
     """
+    from grpo_lab.config_reads import unread_errors
     from grpo_lab.memory_plan import memory_plan_errors
     from grpo_lab.validation_io import validate_rollout_reward_task
 
@@ -103,6 +104,9 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
                   _check_learner_scale, _check_trainer, _check_logger_and_warmup, _check_interaction,
                   _check_reward_model):
         check(cfg, errors, machine)
+    # A setting that differs from its default but that nothing in this run reads (flip_prob without
+    # reward.noise.kind=flip, label_smoothing with loss=ipo, ...): refused, naming what would read it.
+    errors.extend(unread_errors(cfg))
     # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
     # task splits and the task source's own settings
     validate_rollout_reward_task(cfg, errors, machine)
@@ -298,7 +302,7 @@ def _check_lr_schedule(ln: DictConfig, errors: list[str]) -> None:
     if _check(ln.lr_schedule in LR_SCHEDULES, f"learner.lr_schedule={ln.lr_schedule!r} is not registered; valid "
               f"choices: {', '.join(LR_SCHEDULES.names())}", errors):
         _check(ln.warmup_steps >= 0, f"learner.warmup_steps={ln.warmup_steps} must be >= 0 (0 = no warm-up)", errors)
-        if ln.lr_schedule != "constant":
+        if LR_SCHEDULES.fact(ln.lr_schedule, "decays"):
             _check(ln.total_steps is not None and ln.total_steps > ln.warmup_steps,
                    f"learner.lr_schedule={ln.lr_schedule} decays over learner.total_steps={ln.total_steps} steps, "
                    f"which must exceed learner.warmup_steps={ln.warmup_steps}; raise learner.total_steps (default: "
@@ -391,8 +395,10 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
                f"environment {i.environment} cannot say what it would answer to a given answer (it has no "
                "demo_message), so there are no demonstrations to make; set interaction.warmup_revision_frac=0 or name "
                "environments that can in interaction.warmup_demos_from", errors)
-        # An environment with settings of its own checks them here (the critic LLM: interaction.critic).
-        errors += getattr(ENVIRONMENTS.get(i.environment), "config_errors", lambda _cfg: [])(cfg)
+        # An environment with settings of its own checks them here (the critic LLM: interaction.critic);
+        # with `machine`, also what only this machine can tell (the critic's model directory exists here).
+        own_check = getattr(ENVIRONMENTS.get(i.environment), "config_errors", None)
+        errors += own_check(cfg, machine=machine) if own_check else []
         _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),
                f"interaction.environment={i.environment} learns during the run, and with trainer.max_staleness="
                f"{cfg.trainer.max_staleness} it would reply to the next step while it trains on this one: set "

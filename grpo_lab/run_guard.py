@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -50,9 +50,9 @@ RESUMABLE_CHANGES: dict[str, str] = {
     "trainer.max_bad_steps": "how many non-finite steps it tolerates before failing",
     "logger.*": "where it reports (wandb project, mode, tags, ...)",
 }
-# The lr schedule's length follows trainer.total_steps unless set; it is unused by a constant schedule.
-# Read with .get: the old side is a checkpoint's recorded config, which may predate the key.
-_UNUSED_WHEN = {"learner.total_steps": lambda cfg: cfg.get("learner", {}).get("lr_schedule") == "constant"}
+# Besides these, a key that neither the checkpoint's run nor the resumed one reads may change (e.g.
+# learner.total_steps, which follows trainer.total_steps, under a constant schedule): grpo_lab.config_reads
+# says which keys a run reads, the same rule that refuses an unread setting at launch.
 
 # Under Slurm's default KillWait (30 s between SIGTERM and SIGKILL), with room for the engine's shutdown.
 SIGTERM_GRACE_S = 20.0
@@ -62,11 +62,12 @@ class RunDirInUse(RuntimeError):
     """Another live process owns the run directory."""
 
 
-def resumable(key: str, old_cfg: dict, new_cfg: dict) -> bool:
+def resumable(key: str, unread_old: Container[str], unread_new: Container[str]) -> bool:
+    """A change of `key` a resume may make: listed in RESUMABLE_CHANGES, or read by neither run (the
+    `unread_*` sets: grpo_lab.config_reads.unread_keys of each side's config)."""
     if key in RESUMABLE_CHANGES or any(k.endswith(".*") and key.startswith(k[:-1]) for k in RESUMABLE_CHANGES):
         return True
-    unused = _UNUSED_WHEN.get(key)
-    return unused is not None and unused(old_cfg) and unused(new_cfg)
+    return key in unread_old and key in unread_new
 
 
 # A key one of the two configs does not have (a section the schema gained after the checkpoint was written).
@@ -92,7 +93,8 @@ def resume_changes(cfg: DictConfig, recorded: dict, *, step: int) -> list[dict]:
     new = OmegaConf.to_container(cfg, resolve=True)
     old = {k: v for k, v in recorded.items() if k != "resume_changes"}
     changes = [c for c in config_changes(old, new) if c[0] != "trainer.resume"]
-    refused = [c for c in changes if not resumable(c[0], old, new) and not added_at_default(*c)]
+    unread_old, unread_new = _unread(old), _unread(new)
+    refused = [c for c in changes if not resumable(c[0], unread_old, unread_new) and not added_at_default(*c)]
     if refused:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in refused)
         raise ConfigError(
@@ -100,6 +102,17 @@ def resume_changes(cfg: DictConfig, recorded: dict, *, step: int) -> list[dict]:
             f"experiment: drop these overrides (or start a new run in another directory). A resume may change "
             f"only {', '.join(RESUMABLE_CHANGES)} (grpo_lab/run_guard.py: RESUMABLE_CHANGES)")
     return [{"step": step, "key": k, "old": a, "new": b} for k, a, b in changes]
+
+
+def _unread(cfg: dict) -> set[str]:
+    """Keys the run of `cfg` does not read; none when the config does not fit today's schema (a checkpoint
+    from a much older schema): then nothing beyond RESUMABLE_CHANGES may change."""
+    from grpo_lab.config_reads import unread_keys
+
+    try:
+        return set(unread_keys(cfg))
+    except Exception:
+        return set()
 
 
 def added_at_default(key: str, old, new) -> bool:

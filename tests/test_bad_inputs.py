@@ -100,6 +100,7 @@ CATALOGUE = [
     (['rollout=hf', 'rollout.data_parallel_size=2'], 'rollout.data_parallel_size'),
     (['rollout.tensor_parallel_size=64', 'rollout.data_parallel_size=2'], 'rollout.tensor_parallel_size'),
     (['reward=llm_judge', 'reward.judge.builder=pretrained', 'reward.judge.path=/nonexistent'], 'reward.judge.path'),
+    (['interaction=critic_qwen2_5_1_5b', 'interaction.critic.model.path=/nonexistent'], 'interaction.critic.model.path'),
     (['rollout.group_size_schedule=1:4'], 'rollout.group_size_schedule'),
     (['rollout=hf', 'rollout.dtype=fp7'], 'rollout.dtype'),
     (['rollout=vllm', 'rollout.dtype=fp7'], 'rollout.dtype'),
@@ -157,6 +158,36 @@ def test_a_missing_judge_path_is_left_to_the_machine_that_runs():
     """reward.judge.path names a directory of the machine that runs: validate(machine=False) does not ask."""
     validate(compose_cfg(["reward=llm_judge", "reward.judge.builder=pretrained", "reward.judge.path=/nonexistent",
                           "learner.memory_plan=off"]), machine=False)
+
+
+def test_a_critic_model_directory_that_is_not_here_is_refused_naming_the_setting_and_the_path(tmp_path):
+    """interaction.critic.model.path must be a model directory on the machine that runs: the critic is built
+    after the actor's warm-up and engine, so a wrong path failed minutes in. validate(machine=False) (a
+    recipe checked for another machine, gpu_critique's /models path) does not ask."""
+    critic = ["interaction=critic_qwen2_5_1_5b"]
+    missing = tmp_path / "no_such_critic"
+    (problem,) = [p for p in _problems([*critic, f"interaction.critic.model.path={missing}"])
+                  if "interaction.critic.model.path" in p]
+    assert problem.startswith(f"interaction.critic.model.path='{missing}' is not a directory on this machine: give a "
+                              "local HF model directory"), problem
+    validate(compose_cfg([*critic, f"interaction.critic.model.path={missing}"]), machine=False)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (problem,) = [p for p in _problems([*critic, f"interaction.critic.model.path={empty}"])
+                  if "interaction.critic.model.path" in p]
+    assert f"interaction.critic.model.path='{empty}' is not a complete HF model directory" in problem
+    assert "(found: nothing)" in problem
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (model / name).write_text("{}")
+    cfg = compose_cfg([*critic, f"interaction.critic.model.path={model}"])
+    try:
+        validate(cfg)
+    except ConfigError as err:     # whatever else this machine says: not the critic's directory
+        assert "interaction.critic.model.path" not in str(err), str(err)
 
 
 def _problems(overrides) -> list[str]:

@@ -34,7 +34,8 @@ GPU_CHOICES = {("model", "qwen2_5_math_7b"): {}, ("model", "deepseek_math_7b_ins
                ("model", "qwen2_5_32b"): {"learner.num_devices": 32}, ("task", "math_l3to5"): {}, ("task", "math"): {},
                ("task", "gsm8k_math"): {}, ("rollout", "vllm_gpu"): {}, ("learner", "fsdp_bf16"): {},
                ("task", "dapo_math_17k"): {"model": "qwen2_5_32b", "learner.num_devices": 32,
-                                           "rollout.max_model_len": 22528, "learner.max_tokens_per_micro_batch": 22528}}
+                                           "rollout.max_model_len": 22528, "learner.max_tokens_per_micro_batch": 22528},
+               ("interaction", "critic_qwen2_5_1_5b"): {}}     # its critic: a directory under /models
 
 
 @pytest.mark.parametrize("group,choice", [(g, c) for g in GROUPS for c in choices(g)])

@@ -197,6 +197,10 @@ def write_spec(tmp_path: Path, text: str) -> Path:
      "is a sweep; put swept keys under `sweep:`"),
     ("title: t\npaper_finding: p\nfixed: [algorithm.clip_high=0.3]\n"
      "variants: [{name: a, overrides: [algorithm.clip_high=0.28]}]\n", "the command line would override the variant"),
+    ("title: t\npaper_finding: p\nevery_scale: [reward.noise.kind=flip]\n"
+     "variants: [{name: a, overrides: [reward.noise.kind=none]}]\n", "the command line would override the variant"),
+    ("title: t\npaper_finding: p\nfixed: [algorithm=dpo]\nevery_scale: [algorithm=grpo]\n"
+     "variants: [{name: a, overrides: []}]\n", "algorithm set in both `fixed` and `every_scale`"),
     ("title: t\npaper_finding: p\nsweep: {a: '1,2'}\ncolumns: [final_acc, nonsense]\n", "unknown column 'nonsense'"),
     ("title: t\npaper_finding: p\n", "nothing to compare"),
     ("title: t\npaper_finding: p\nsweep: {a: '1,2'}\ntarget: 65\n", "accuracy fraction in [0, 1]"),
@@ -704,6 +708,28 @@ def test_lab_only_sweep_keys_leave_the_full_scale_recipe_its_own_value(tmp_path)
             variants: [{name: a, overrides: [algorithm=grpo]}]
             lab_only_sweep: [seed]
         """))
+
+
+def test_every_scale_overrides_reach_the_jobs_of_both_scales_and_fixed_only_the_lab_ones(tmp_path):
+    """`fixed` is the lab scale's (its engine and budget); --scale full runs `experiment` instead. What makes
+    the rows what the table says (the noise table's reward.noise.kind=flip) goes in `every_scale`: in
+    `fixed` alone it was lost at full scale and the rows' flip_prob flipped nothing."""
+    spec = load_spec(write_spec(tmp_path, """
+        title: t
+        paper_finding: "x (arXiv 0000.00000)"
+        fixed: [rollout=hf, trainer.total_steps=150]
+        every_scale: [reward.noise.kind=flip]
+        variants: [{name: p0, overrides: [reward.noise.flip_prob=0.0]}, {name: p0.2, overrides: [reward.noise.flip_prob=0.2]}]
+        experiment: gpu_noise
+        target: 0.6
+    """))
+    lab = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    full = make_plan(spec, scale="full", runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    assert {"rollout=hf", "trainer.total_steps=150", "reward.noise.kind=flip"} <= set(lab.base)
+    assert "experiment=gpu_noise" not in lab.base
+    assert {"experiment=gpu_noise", "reward.noise.kind=flip"} <= set(full.base)
+    assert "rollout=hf" not in full.base and "trainer.total_steps=150" not in full.base
+    assert all("reward.noise.kind=flip" in job for plan in (lab, full) for job in plan.jobs())
 
 
 def test_within_must_name_a_sweep_key(tmp_path):

@@ -25,7 +25,10 @@ from grpo_lab.registry import Registry
 # Facts: `learns` (trains during the run; its state_dict holds weights and optimizer state), `alphabet`
 # (characters its messages use), `needs_reference` (it compares answers with each item's reference
 # answer, so every item must have one).
-ENVIRONMENTS = Registry("environment", defaults={"learns": False, "alphabet": "", "needs_reference": False})
+# `reads`: the interaction.* sub-sections this environment reads (interaction=critic: ("critic",)); set
+# under another environment they are refused (grpo_lab/config_reads.py).
+ENVIRONMENTS = Registry("environment", defaults={"learns": False, "alphabet": "", "needs_reference": False,
+                                                 "reads": ()})
 
 from grpo_lab.interaction import verifier as _verifier  # noqa: E402,F401  (registers verifier_feedback)
 from grpo_lab.interaction.base import Environment, EnvReply, StepRecord  # noqa: E402

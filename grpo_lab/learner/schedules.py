@@ -18,11 +18,12 @@ import math
 
 from grpo_lab.registry import Registry
 
-# name -> f(progress in [0, 1]) after warm-up (learner.lr_schedule).
-LR_SCHEDULES = Registry("learning-rate schedule")
+# name -> f(progress in [0, 1]) after warm-up (learner.lr_schedule). Fact `decays`: f depends on progress,
+# so learner.total_steps (the schedule's length) matters; a constant schedule does not read it.
+LR_SCHEDULES = Registry("learning-rate schedule", defaults={"decays": True})
 
 
-@LR_SCHEDULES.register("constant")
+@LR_SCHEDULES.register("constant", decays=False)
 def constant(progress: float) -> float:
     return 1.0
 

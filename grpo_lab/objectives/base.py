@@ -59,6 +59,9 @@ class Objective:
     # Whether `loss` reports the token entropy of the micro-batch's own rows (views None): the
     # learner then computes it, off the autograd graph unless `entropy_in_loss`.
     logs_entropy = False
+    # The algorithm.* settings (dotted prefixes) that only this objective reads: under another objective
+    # they are refused when set (grpo_lab/config_reads.py). Settings every objective reads are not listed.
+    only_reads: tuple[str, ...] = ()
 
     def entropy_in_loss(self, algo) -> bool:
         """Whether `loss` differentiates through the token entropy (an entropy bonus)."""

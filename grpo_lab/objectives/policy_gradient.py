@@ -28,6 +28,13 @@ KL_PLACEMENTS = ("loss", "reward")
 class PolicyGradient(Objective):
     views = None            # the policy's logprobs of the micro-batch's own rows
     logs_entropy = True     # the token entropy is always logged
+    # Advantages, the ratio's clip, KL, entropy bonus, overlong filter, importance-sampling cap, the value
+    # model, reward normalisation and the best-of-group anchor: the preference objective reads none.
+    only_reads = ("algorithm.advantage", "algorithm.adv_eps", "algorithm.gamma", "algorithm.lam",
+                  "algorithm.policy_loss", "algorithm.clip_low", "algorithm.clip_high", "algorithm.dual_clip",
+                  "algorithm.aggregation", "algorithm.kl", "algorithm.entropy_coef", "algorithm.overlong.filter",
+                  "algorithm.tis_cap", "algorithm.critic", "algorithm.reward_ema_decay", "algorithm.sft_anchor_coef",
+                  "algorithm.sft_anchor_warmup")
 
     def entropy_in_loss(self, algo) -> bool:
         return algo.entropy_coef > 0

@@ -98,6 +98,7 @@ class PairFileSampler(GroupSampler):
 
 class Preference(Objective):
     views = ("chosen", "rejected")   # each pair's two completions, one forward each
+    only_reads = ("algorithm.preference",)
 
     def needs_reference(self, algo) -> bool:
         return True  # the implicit reward is β log(π / π_ref)

@@ -15,9 +15,11 @@ from grpo_lab.schema import Config, RolloutConfig
 # Facts: `requires_module` (a module that must be importable, checked before anything loads; None =
 # none), `own_process` (the engine computes in processes of its own, beside the learner's threads) and
 # `reserves_memory_fraction` (it reserves rollout.gpu_memory_utilization of the device, for the memory plan),
-# `parallel` (rollout.tensor_parallel_size / data_parallel_size > 1 are possible).
+# `parallel` (rollout.tensor_parallel_size / data_parallel_size > 1 are possible), `reads` (the rollout.*
+# settings only this engine reads; set under another engine they are refused, grpo_lab/config_reads.py).
 ROLLOUT_ENGINES = Registry("rollout engine", defaults={"requires_module": None, "own_process": False,
-                                                       "reserves_memory_fraction": False, "parallel": False})
+                                                       "reserves_memory_fraction": False, "parallel": False,
+                                                       "reads": ()})
 
 
 @ROLLOUT_ENGINES.register("vllm", requires_module="vllm", own_process=True, reserves_memory_fraction=True,
@@ -46,7 +48,7 @@ def _vllm(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEng
     return DataParallelEngine(replica, dp)
 
 
-@ROLLOUT_ENGINES.register("hf")
+@ROLLOUT_ENGINES.register("hf", reads=("sampler",))
 def _hf(model_dir: Path, rollout_cfg, *, seed: int, device: str) -> RolloutEngine:
     from grpo_lab.rollout.hf_engine import HFEngine
     return HFEngine.from_dir(model_dir, dtype=rollout_cfg.dtype, device=device,

@@ -73,6 +73,7 @@ from grpo_lab.interaction.critic_feedback import (COMPACT_CHARS, FEEDBACK_FORMAT
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.models import MODEL_BUILDERS, build_model_dir
 from grpo_lab.models.builders import settings_errors
+from grpo_lab.models.model_dir import TOKENIZER_FILES, WEIGHT_FILES, is_complete_model_dir
 from grpo_lab.prompts import uses_chat_template
 from grpo_lab.registry import Registry
 from grpo_lab.rollout import make_engine, rollout_section
@@ -143,6 +144,24 @@ def _config_errors(c: DictConfig) -> list[str]:
     return errors
 
 
+def _model_dir_errors(c: DictConfig) -> list[str]:
+    """The critic's local model directory (a builder that needs a path) is on this machine and holds a model:
+    else the actor's warm-up, engine and first steps run before the critic fails to load."""
+    path = c.model.path
+    if not path or c.model.builder not in MODEL_BUILDERS or not MODEL_BUILDERS.fact(c.model.builder, "needs_path"):
+        return []
+    p = Path(str(path)).expanduser()
+    if not p.is_dir():
+        return [f"interaction.critic.model.path={str(path)!r} is not a directory on this machine: give a local HF "
+                "model directory (saved with save_pretrained: config.json, weights, tokenizer files; hub names are not "
+                "downloaded here), or use interaction=critic (the tiny critic, built from scratch)"]
+    if not is_complete_model_dir(p):
+        return [f"interaction.critic.model.path={str(path)!r} is not a complete HF model directory: give one with "
+                f"config.json, one of {', '.join(WEIGHT_FILES)} and one of {', '.join(TOKENIZER_FILES)} (found: "
+                f"{', '.join(sorted(f.name for f in p.iterdir())) or 'nothing'})"]
+    return []
+
+
 def feedback_format(tokenizer, name: str = "auto") -> FeedbackFormat:
     """`FEEDBACK_FORMATS[name]`; ``auto``: the chat format for a tokenizer with a chat template, else
     solve_compact."""
@@ -175,14 +194,14 @@ class CriticEnvironment:
     """The critic LLM environment (module docstring); ``cls(cfg, *, tokenizer, task)`` as every environment."""
 
     @staticmethod
-    def config_errors(cfg: DictConfig) -> list[str]:
+    def config_errors(cfg: DictConfig, machine: bool = True) -> list[str]:
         """What is wrong with the run's interaction.critic section (checked with the config, before any
-        model is built)."""
+        model is built); ``machine``: also what only this machine can tell (the critic's model directory is here)."""
         try:
-            critic_config(cfg)
+            c = critic_config(cfg)
         except ConfigError as err:
             return [str(err)]
-        return []
+        return _model_dir_errors(c) if machine else []
 
     @staticmethod
     def demo_message(cfg: DictConfig, item: TaskItem, answer: str) -> str:
@@ -392,4 +411,4 @@ __all__ = ["CRITIC_TRAINING", "CriticEnvironment", "CriticLLMConfig", "critic_co
 
 
 # The actor sees the compact formats' letters (CHLW), so a character-level actor needs them in its alphabet.
-ENVIRONMENTS.register("critic", learns=True, needs_reference=True, alphabet=COMPACT_CHARS[1:])(CriticEnvironment)
+ENVIRONMENTS.register("critic", learns=True, needs_reference=True, alphabet=COMPACT_CHARS[1:], reads=("critic",))(CriticEnvironment)

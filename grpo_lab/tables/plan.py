@@ -106,7 +106,7 @@ class Plan:
     out: Path
     group: str
     variants: list[tuple[Variant, list[str]]]
-    base: list[str]            # fixed (or experiment=...) + smoke + extra: every job's non-swept overrides
+    base: list[str]            # fixed (or experiment=...) + every_scale + smoke + extra: every job's non-swept overrides
     seeds: list[int]
     launcher: list[str]
     command: list[str]
@@ -197,7 +197,8 @@ def make_plan(spec: TableSpec, *, smoke: bool = False, scale: str = "lab", extra
     tables_root = Path(tables_root) if tables_root else ROOT / ("outputs/smoke/tables" if smoke else "tables")
     runs_dir = (runs_root / spec.name).resolve()
     base = merge_overrides(resume_overrides(spec, smoke),
-                           list(spec.fixed) if scale == "lab" else [f"experiment={spec.experiment}"])
+                           list(spec.fixed) if scale == "lab" else [f"experiment={spec.experiment}"],
+                           spec.every_scale)
     if smoke:
         base = merge_overrides(base, SMOKE_OVERRIDES, spec.smoke)
     errors: list[str] = []

@@ -98,8 +98,13 @@ class TableSpec:
     experiment: Optional[str] = None
     # Seeds every condition runs with.
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    # Overrides for every job at lab scale (budgets, engine, ...).
+    # Overrides for every job at lab scale (budgets, engine, ...); --scale full uses `experiment` instead.
     fixed: list[str] = field(default_factory=list)
+    # Overrides for every job at every scale, after `fixed` (lab) or `experiment` (full): what makes the
+    # rows what the table says they are, e.g. the reward noise all of them train under or the one
+    # algorithm a table compares settings of. A setting put in `fixed` alone is lost at --scale full
+    # (the noise table's full-scale rows were once written that way: they would have trained without noise).
+    every_scale: list[str] = field(default_factory=list)
     # hydra.sweeper.params-style: key -> comma list (cartesian product); a YAML list is joined with commas.
     sweep: dict[str, Any] = field(default_factory=dict)
     # Sweep keys that apply at --scale lab only: the full-scale recipe (`experiment`) chooses its own
@@ -148,6 +153,7 @@ FILE_KEYS = [f.name for f in fields(TableSpec) if f.name not in ("name", "path")
 EXPECTED = {
     "seeds": "a list of integers, e.g. [0, 1, 2]",
     "fixed": "a list of override strings, e.g. ['trainer.total_steps=150']",
+    "every_scale": "a list of override strings, e.g. ['reward.noise.kind=flip']",
     "smoke": "a list of override strings, e.g. ['trainer.total_steps=2']",
     "sweep": "a mapping of config key -> comma list, e.g. {algorithm.clip_low: '0.1,0.2'}",
     "variants": "a list of {name, overrides, [full_overrides], [paper]}",
@@ -339,8 +345,13 @@ def _check_texts_and_seeds(raw: dict, spec: TableSpec, errors: list[str]) -> Non
 
 
 def _check_fixed_and_sweep(spec: TableSpec, errors: list[str]) -> None:
-    """The fixed and smoke overrides; the sweep, each key's values made one comma list."""
+    """The fixed, every_scale and smoke overrides; the sweep, each key's values made one comma list."""
     check_overrides(spec.fixed, "fixed", errors)
+    check_overrides(spec.every_scale, "every_scale", errors)
+    both = sorted({override_key(o) for o in spec.fixed} & {override_key(o) for o in spec.every_scale})
+    if both:
+        errors.append(f"{', '.join(both)} set in both `fixed` and `every_scale`; keep it in `every_scale` (every "
+                      "scale) or in `fixed` (lab scale only)")
     check_overrides(spec.smoke, "smoke", errors)
     sweep = {}
     for k, v in spec.sweep.items():
@@ -373,18 +384,18 @@ def _check_variants(spec: TableSpec, errors: list[str]) -> list[str]:
     if not spec.variants and not spec.sweep:
         errors.append("a table needs `variants:` or `sweep:` (or both): there is nothing to compare")
 
-    # A key both on the command line (fixed/sweep) and in a variant file: the command line would win
-    # silently and the variant would not be what its name says.
-    fixed_keys = {override_key(o) for o in spec.fixed}
+    # A key both on the command line (fixed/every_scale/sweep) and in a variant file: the command line
+    # would win silently and the variant would not be what its name says.
+    fixed_keys = {override_key(o) for o in spec.fixed + spec.every_scale}
     for v in spec.variants:
         for o in v.overrides + (v.full_overrides or []):
             if override_key(o) in fixed_keys | set(spec.sweep):
-                errors.append(f"variants[{v.name}] sets {override_key(o)!r}, which `fixed`/`sweep` also set; the "
-                              "command line would override the variant. Set it in every variant (or in the first "
-                              "one of a cumulative ladder) instead of in `fixed`")
+                errors.append(f"variants[{v.name}] sets {override_key(o)!r}, which `fixed`/`every_scale`/`sweep` "
+                              "also set; the command line would override the variant. Set it in every variant (or "
+                              "in the first one of a cumulative ladder) instead of in `fixed`/`every_scale`")
     for k in spec.sweep:
         if override_key(k) in fixed_keys:
-            errors.append(f"sweep key {k!r} is also in `fixed`; remove one")
+            errors.append(f"sweep key {k!r} is also in `fixed`/`every_scale`; remove one")
     return names
 
 
