@@ -79,7 +79,7 @@ def _non_finite_floats(node: Any, prefix: str = "") -> list[str]:
     return []
 
 
-def validate(cfg: DictConfig, *, machine: bool = True) -> None:
+def validate(cfg: DictConfig, *, machine: bool = True, also_reads: tuple[str, ...] = ()) -> None:
     """Check value constraints before any expensive work; raise ConfigError listing every problem.
 
     Facts about registered parts (an estimator's minimum group size, an objective's needs, an
@@ -106,7 +106,7 @@ def validate(cfg: DictConfig, *, machine: bool = True) -> None:
         check(cfg, errors, machine)
     # A setting that differs from its default but that nothing in this run reads (flip_prob without
     # reward.noise.kind=flip, label_smoothing with loss=ipo, ...): refused, naming what would read it.
-    errors.extend(unread_errors(cfg))
+    errors.extend(unread_errors(cfg, also_reads))
     # reward (registered functions or plug-ins, containment limits), rollout timeouts and context,
     # task splits and the task source's own settings
     validate_rollout_reward_task(cfg, errors, machine)
@@ -445,8 +445,8 @@ def finalize(cfg: DictConfig) -> DictConfig:
     OmegaConf.set_struct(cfg, False)
     if cfg.run_name is None:   # an empty one is refused by validate, not replaced
         cfg.run_name = derive_run_name(cfg)
-    if cfg.algorithm.kl.track is None:   # against a learned reward, KL(π || π_ref) is always logged
-        cfg.algorithm.kl.track = "reward_model" in cfg.reward.weights
+    if cfg.algorithm.kl.track is None and "reward_model" in cfg.reward.weights:
+        cfg.algorithm.kl.track = True   # against a learned reward, KL(π || π_ref) is always logged
     OmegaConf.set_struct(cfg, True)
     return cfg
 

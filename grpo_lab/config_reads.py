@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from grpo_lab.schema import Config
+from grpo_lab.schema import Config, RewardModelConfig, RewardModelRewardConfig
 
 # Settings every run reads (dotted prefixes; a section's name covers its keys). Small on purpose: a key
 # read only under some choice belongs to a rule below, not here.
@@ -49,6 +49,7 @@ ALWAYS_READ: dict[str, str] = {
     "rollout": "the engine (rollout.sampler: see the engines' `reads` fact)",
     "learner": "the optimizer and its device (lora.* and total_steps: see the rules below)",
     "algorithm.name": "the run name", "algorithm.objective": "selects the objective",
+    "algorithm.kl.track": "whether the learner holds the reference (and logs KL from it)",
     "algorithm.epochs": "the learner's updates", "algorithm.minibatches": "the learner's updates",
     "algorithm.dynamic_sampling.enabled": "the sampler (every objective)",
     # Unread while dynamic sampling is off, but harmless: a cap that the tables' smoke runs raise for every
@@ -100,6 +101,15 @@ def schema_leaves(cls: type = Config, prefix: str = "") -> list[str]:
         else:
             out.append(f"{prefix}{f.name}")
     return out
+
+
+# The learned reward model's trunk, data and training: read by a run optimising against it (and by
+# `python -m grpo_lab.train_reward_model`, whose validate says so with also_reads).
+# Its scoring settings likewise (the reward_model reward is registered above this module, by grpo_lab.second_models,
+# so its signature cannot be relied on here).
+_SWITCHED.update({key: Switch(lambda c: "reward_model" in (_at(c, "reward.weights") or {}), "reward=reward_model")
+                  for key in schema_leaves(RewardModelConfig, "reward_model.")
+                  + schema_leaves(RewardModelRewardConfig, "reward.reward_model.")})
 
 
 def _names(fn: Callable) -> set[str]:
@@ -198,7 +208,9 @@ def _fact_unread(cfg: dict) -> dict[str, str]:
         mine = OBJECTIVES.get(objective).only_reads
         for key in _LEAVES:
             owner = next((p for p in owners if _under(key, p)), None)
-            if owner and not any(_under(key, p) for p in mine):
+            # A key every run reads (algorithm.kl.track: the learner's reference) stays read inside a section
+            # the objective otherwise owns.
+            if owner and not any(_under(key, p) for p in mine) and not any(_under(key, p) for p in ALWAYS_READ):
                 out[key] = f"algorithm.objective={owners[owner]}"
     for section, registry, selected, selector in _fact_rules():
         names = selected(cfg)
@@ -296,11 +308,14 @@ def unread_keys(cfg: Any) -> dict[str, str]:
     return out
 
 
-def unread_errors(cfg: Any) -> list[str]:
-    """A message for every setting that differs from its default but that nothing in the run reads."""
+def unread_errors(cfg: Any, also_reads: Iterable[str] = ()) -> list[str]:
+    """A message for every setting that differs from its default but that nothing in the run reads;
+    `also_reads`: prefixes an entry point other than a run reads itself (the reward-model trainer's)."""
     c = _plain(cfg)
     errors = []
     for key, readers in sorted(unread_keys(c).items()):
+        if any(_under(key, p) for p in also_reads):
+            continue
         value, default = _at(c, key), _default_in(c, key)
         if value == default:
             continue

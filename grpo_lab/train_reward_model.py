@@ -47,7 +47,9 @@ def train(cfg: DictConfig, recorder) -> dict:
 def run(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     cfg = finalize(cfg)
-    validate(cfg)   # before any model loads: bad data files, settings, the trunk's directory
+    # Before any model loads: bad data files, settings, the trunk's directory; the reward_model section is read
+    # here whatever the run's reward.
+    validate(cfg, also_reads=("reward_model",))
     run_dir = Path(hc.runtime.output_dir)
     recorder = open_recorder(run_dir, cfg, list(hc.overrides.task))
     result = record_outcome(recorder, lambda: train(cfg, recorder), lambda r: {"reward_model": r})
