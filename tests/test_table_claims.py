@@ -113,12 +113,25 @@ def _algorithm_rows(row: dict, scale: str) -> dict:
     return {"algorithm.name": row["variant"]}     # a task sweep: its task=<file> is held (the group chosen)
 
 
+def _overoptimization(row: dict, scale: str) -> dict:
+    """<algorithm>_<good|weak>[_ensemble|_kl]: against a learned reward model, KL tracked; weak = 20 % swapped
+    labels; the ensemble row 3 members under mean - std; the KL row beta 0.05."""
+    algo = re.match(r"(grpo|ppo|rloo|group_dpo)_", row["variant"]).group(1)
+    name = row["variant"]
+    return {"algorithm.name": algo, "reward.weights": {"reward_model": 1.0}, "algorithm.kl.track": True,
+            "reward_model.data.label_noise": 0.2 if "_weak" in name else 0.0,
+            "reward_model.ensemble_size": 3 if name.endswith("_ensemble") else 1,
+            "reward.reward_model.ensemble": "mean_minus_std" if name.endswith("_ensemble") else "mean",
+            **({"algorithm.kl.coef": 0.05} if name.endswith("_kl") else {})}
+
+
 # Table -> what a row (its variant name and sweep values) claims its composed run sets, by scale
 # ("lab", "full", "smoke"). A new table says here what its rows are.
 CLAIMS: dict[str, Callable[[dict, str], dict]] = {
     "noise": _noise, "noise_remedy": _noise_remedy, "noise_length": _noise_length, "critique": _critique,
     "kl": _kl, "clip": _clip, "dapo": _dapo, "group_size": _group_size, "async": _async, "std_norm": _std_norm,
     "algorithms": _algorithm_rows, "smollm2": _algorithm_rows, "tasks": _algorithm_rows,
+    "overoptimization": _overoptimization,
 }
 
 
