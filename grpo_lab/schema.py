@@ -103,6 +103,11 @@ class AlgorithmConfig:
     clip_high: float = 0.2
     # Dual-clip constant c > 1 for negative advantages (arXiv 1912.09729); null = off.
     dual_clip: Optional[float] = None
+    # CISPO (arXiv 2506.13585): the detached IS weight is clipped to [1 − cispo_clip_low, 1 + cispo_clip_high];
+    # null = no lower bound (MiniMax-M1 sets ε_low^IS large and tunes only ε_high^IS).
+    cispo_clip_low: Optional[float] = None
+    # CISPO's ε_high^IS (verl's example 0.2; TRL's ε_max = 5 is cispo_clip_high = 4).
+    cispo_clip_high: float = 0.2
     # Loss aggregation mode (grpo_lab/algos/aggregation.py).
     aggregation: str = "token_mean"
     # Updates per rollout batch: μ epochs × minibatches; the sampler's logprobs are π_old throughout.

@@ -1,5 +1,5 @@
 """Policy losses: clip bounds by hand (asymmetric, dual clip), GSPO's sequence ratio, GSPO-token's
-equivalence, vanilla PG, TIS weights and sampler/learner mismatch metrics."""
+equivalence, vanilla PG, CISPO's clipped IS weight, TIS weights and sampler/learner mismatch metrics."""
 
 import functools
 import math
@@ -11,16 +11,22 @@ from torch.testing import assert_close
 from grpo_lab.algos import (
     POLICY_LOSSES,
     aggregate,
+    cispo,
     clipped_surrogate,
     gspo,
     gspo_token,
+    log_ratio_stats,
     logprob_mismatch_metrics,
     truncated_is_weights,
     vanilla_pg,
 )
+from grpo_lab.schema import AlgorithmConfig, as_dict
 
 D = torch.float64
 GARBAGE = 1.0e4
+# Every loss's settings, as the objective passes them (the schema's defaults; each loss takes the ones
+# it names), with DAPO's clip-higher and a dual clip so that those paths run too.
+SETTINGS = {**as_dict(AlgorithmConfig()), "clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0}
 
 
 def _leaf(x):
@@ -215,13 +221,75 @@ def test_vanilla_pg_by_hand_and_same_gradient_as_clipped_at_ratio_one():
     assert_close(g_clip, g_pg)
 
 
+def test_cispo_by_hand_no_lower_bound():
+    # The clip example's 7 tokens (old logp = 0, so r = e^logp), CISPO with no lower bound and
+    # eps_high 0.28: w = sg(min(r, 1.28)) = [1.1, 1.28, 0.5, 0.5, 1.28, 1.25, 0.75].
+    # L = -w A logp; its gradient d L / d logp = -w A (the weight is detached):
+    #   [-1.1, -1.28, -0.5, +0.5, +1.28, -2.5, +1.5]
+    # PPO's clip (test_clipped_surrogate_by_hand_asymmetric) drops tokens 2, 4 and 7 (gradient 0);
+    # CISPO keeps all three: token 2 (r 1.5, A +1) with its weight capped at 1.28, tokens 4 and 7
+    # (r below 0.8 with A < 0) with their own weights 0.5 and 0.75.
+    logp, old, adv, mask = _clip_example()
+    loss, metrics = cispo(logp, old, adv, mask, cispo_clip_low=None, cispo_clip_high=0.28)
+    w = [1.1, 1.28, 0.5, 0.5, 1.28, 1.25, 0.75]
+    expected = [-wi * a * math.log(r) for wi, a, r in zip(w, ADVS, RATIOS)] + [0.0]
+    # e.g. token 1: -1.1 * 1 * ln 1.1 = -0.1048412
+    assert abs(expected[0] - (-0.1048412)) < 1e-7
+    assert_close(loss, torch.tensor([expected], dtype=D))
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([[-1.1, -1.28, -0.5, 0.5, 1.28, -2.5, 1.5, 0.0]], dtype=D))
+    assert_close(metrics["clip_frac_high"], torch.tensor(2 / 7, dtype=D))   # r = 1.5 twice
+    assert_close(metrics["clip_frac_low"], torch.tensor(0.0, dtype=D))      # no lower bound
+    assert_close(metrics["ratio_mean"], torch.tensor(7.1 / 7, dtype=D))
+
+
+def test_cispo_keeps_the_gradient_ppo_clip_drops():
+    logp, old, adv, mask = _clip_example()
+    ppo, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    (g_ppo,) = torch.autograd.grad(ppo.sum(), logp)
+    ours, _ = cispo(logp, old, adv, mask, cispo_clip_low=0.2, cispo_clip_high=0.28)
+    (g_cispo,) = torch.autograd.grad(ours.sum(), logp)
+    real = mask.bool()
+    dropped = (g_ppo == 0) & real
+    assert dropped.sum() == 3 and (g_cispo[dropped] != 0).all()
+    # With a lower bound 1 - 0.2 the weights below it are raised to 0.8 (tokens 3, 4, 7):
+    #   gradient -w A = [-1.1, -1.28, -0.8, +0.8, +1.28, -2.5, +1.6]
+    assert_close(g_cispo, torch.tensor([[-1.1, -1.28, -0.8, 0.8, 1.28, -2.5, 1.6, 0.0]], dtype=D))
+
+
+def test_cispo_clip_fractions_with_a_lower_bound():
+    logp, old, adv, mask = _clip_example()
+    _, metrics = cispo(logp, old, adv, mask, cispo_clip_low=0.2, cispo_clip_high=0.28)
+    assert_close(metrics["clip_frac_low"], torch.tensor(3 / 7, dtype=D))    # r = 0.5, 0.5, 0.75 < 0.8
+    assert_close(metrics["clip_frac_high"], torch.tensor(2 / 7, dtype=D))
+    with pytest.raises(ValueError, match="cispo_clip_high must be > 0"):
+        cispo(logp, old, adv, mask, cispo_clip_low=None, cispo_clip_high=0.0)
+    with pytest.raises(ValueError, match="cispo_clip_low must be >= 0"):
+        cispo(logp, old, adv, mask, cispo_clip_low=-0.1, cispo_clip_high=0.2)
+
+
+ON_POLICY_LOSSES = ["cispo"]
+
+
+@pytest.mark.parametrize("name", ON_POLICY_LOSSES)
+def test_on_policy_gradient_is_the_plain_policy_gradient(name):
+    """At r = 1 (old = logp, one update per batch) no clip or gate acts, and the gradient of the summed
+    loss is the plain policy gradient's, -A_t on every real token (test_vanilla_pg_by_hand...)."""
+    logp, logp_g, _, adv, _, mask = _random_batch(4)
+    loss, metrics = POLICY_LOSSES.call(name, logp_g, logp.detach(), adv, mask, **SETTINGS)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert_close(grad, -adv * mask)
+    assert metrics["clip_frac_low"] == 0 and metrics["clip_frac_high"] == 0
+    assert_close(metrics["ratio_mean"], torch.tensor(1.0, dtype=D))
+
+
 @pytest.mark.parametrize("name", POLICY_LOSSES.names())
 def test_masked_positions_do_not_matter(name):
     logp, _, old, _, token_adv, mask = _random_batch(3)
     pad = mask == 0
     fn = functools.partial(POLICY_LOSSES.call, name)  # each loss takes the settings it reads
     w = torch.full_like(old, 1.5)
-    kwargs = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    kwargs = SETTINGS
     loss, metrics = fn(logp, old, token_adv, mask, is_weights=w, **kwargs)
     (grad,) = torch.autograd.grad(loss.sum(), logp)
     loss2, metrics2 = fn(
@@ -247,7 +315,7 @@ def test_huge_log_ratio_stays_finite():
     old = torch.tensor([[-500.0, 0.0]], dtype=D)
     adv = torch.tensor([[1.0, -1.0]], dtype=D)
     for name in POLICY_LOSSES.names():
-        loss, metrics = POLICY_LOSSES.call(name, logp, old, adv, torch.ones(1, 2), clip_low=0.2, clip_high=0.2)
+        loss, metrics = POLICY_LOSSES.call(name, logp, old, adv, torch.ones(1, 2), **SETTINGS)
         (grad,) = torch.autograd.grad(loss.sum(), logp)
         assert torch.isfinite(loss).all() and torch.isfinite(grad).all(), name
         assert all(torch.isfinite(v) for v in metrics.values()), name
@@ -280,19 +348,37 @@ def test_logprob_mismatch_metrics_by_hand():
     assert abs(expected - 0.1722002) < 1e-7
 
 
+def test_log_ratio_stats_by_hand():
+    # log r = logp - old = [0.5, -1, 0] on the real tokens (padding garbage ignored): mean -1/6,
+    # population variance ((2/3)^2 + (5/6)^2 + (1/6)^2) / 3 = (16 + 25 + 1) / 108 = 7/18, max |log r| = 1
+    logp = torch.tensor([[-1.0, -2.0, -0.5, GARBAGE]], dtype=D, requires_grad=True)
+    old = torch.tensor([[-1.5, -1.0, -0.5, -GARBAGE]], dtype=D)
+    m = log_ratio_stats(logp, old, torch.tensor([[1, 1, 1, 0]]))
+    assert_close(m["log_ratio_std"], torch.tensor(math.sqrt(7 / 18), dtype=D))
+    assert_close(m["log_ratio_abs_max"], torch.tensor(1.0, dtype=D))
+    assert not m["log_ratio_std"].requires_grad
+    empty = log_ratio_stats(logp, old, torch.zeros(1, 4))
+    assert empty["log_ratio_std"] == 0 and empty["log_ratio_abs_max"] == 0
+
+
+# The loss at logp = -1, old = -1 - 3e-4 (r = e^3e-4 = 1.0003, nothing clipped), A = 1, in float32.
+BF16_EXPECTED = {
+    "vanilla_pg": 1.0,                   # -A logp
+    "cispo": math.exp(3e-4),             # -sg(r) A logp = 1.0003
+}
+
+
 @pytest.mark.parametrize("name", POLICY_LOSSES.names())
 def test_bf16_logprobs_are_upcast(name):
     # learner log-probs in bf16 (-1.0 is exact), old log-probs float32 = -1 - 3e-4. In float32 the
     # ratio is e^3e-4 = 1.0003 (A = 1, clip 0.2: unclipped, loss -1.0003); had the loss been
     # computed in bf16 (resolution 2^-7 near 1) the ratio would be exactly 1 and the loss -1.
-    # vanilla_pg's loss is -A logp = 1.
+    # The losses whose value is not -A r say theirs in BF16_EXPECTED.
     logp = torch.full((1, 2), -1.0, dtype=torch.bfloat16, requires_grad=True)
     old = torch.full((1, 2), -1.0 - 3e-4)
-    loss, _ = POLICY_LOSSES.call(
-        name, logp, old, torch.ones(1, 2), torch.ones(1, 2), clip_low=0.2, clip_high=0.2
-    )
+    loss, _ = POLICY_LOSSES.call(name, logp, old, torch.ones(1, 2), torch.ones(1, 2), **SETTINGS)
     assert loss.dtype == torch.float32
-    expected = 1.0 if name == "vanilla_pg" else -math.exp(3e-4)
+    expected = BF16_EXPECTED.get(name, -math.exp(3e-4))
     assert_close(loss, torch.full((1, 2), expected))
     (grad,) = torch.autograd.grad(loss.sum(), logp)
     assert grad.dtype == torch.bfloat16 and torch.isfinite(grad).all()

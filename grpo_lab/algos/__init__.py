@@ -3,7 +3,7 @@
 One registry per concept; dispatch by name only through them:
 
     ADVANTAGE_ESTIMATORS  group_zscore, group_mean, group_mean_batch_std, rloo, reinforce_pp, gae
-    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg
+    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg, cispo
     KL_ESTIMATORS         k1, k2, k3
     AGGREGATIONS          token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm
     PREFERENCE_LOSSES     dpo, ipo
@@ -25,9 +25,11 @@ from .entropy import entropy_from_logits
 from .kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from .policy_losses import (
     POLICY_LOSSES,
+    cispo,
     clipped_surrogate,
     gspo,
     gspo_token,
+    log_ratio_stats,
     logprob_mismatch_metrics,
     truncated_is_weights,
     vanilla_pg,
@@ -62,6 +64,7 @@ __all__ = [
     "RANKING_LOSSES",
     "aggregate",
     "bradley_terry_loss",
+    "cispo",
     "plackett_luce_loss",
     "best_of_group_mask",
     "clipped_surrogate",
@@ -84,6 +87,7 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "linear_warmup",
+    "log_ratio_stats",
     "logprob_mismatch_metrics",
     "reinforce_pp",
     "rloo",

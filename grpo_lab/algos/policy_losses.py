@@ -245,6 +245,76 @@ def vanilla_pg(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, respo
     return _finish(loss, mask, is_weights, log_ratio, {"clip_frac_low": zero.clone(), "clip_frac_high": zero.clone()})
 
 
+def _check_positive(**settings: float) -> None:
+    for name, value in settings.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+          cispo_clip_low: float | None, cispo_clip_high: float,
+          is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO: Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585, §3.1 eq. 4-5).
+
+        r_t   = exp(logp_t - logp_old_t)
+        w_t   = sg(clip(r_t, 1 - eps_low^IS, 1 + eps_high^IS))      (no lower bound: cispo_clip_low None)
+        L_t   = -w_t A_t logp_t                                     d L_t / d logp_t = -w_t A_t
+
+    PPO's clip drops the gradient of a token whose ratio has left the trust region in the direction
+    of its advantage (the first updates of rare "However"/"Wait" tokens). CISPO clips the *weight*
+    instead, detached, so every token keeps a gradient -A w_t grad logp_t of bounded size. On-policy
+    (r = 1) the gradient is the plain policy gradient -A grad logp. The paper aggregates over all
+    tokens of the group (1 / sum_i |o_i|: ``token_mean``).
+
+    Sources and where they differ: MiniMax-M1 sets no lower bound ("eps_low^IS large") and tunes only
+    eps_high^IS, without stating its value. verl (``compute_policy_loss_cispo``) clamps to
+    [1 - clip_ratio_low, 1 + clip_ratio_high], its example using 10 (no lower bound) and 0.2; TRL
+    (``loss_type="cispo"``) caps at min(r, epsilon_high) with no lower bound, epsilon_high read as an
+    absolute cap, recommended 5 after ScaleRL (arXiv 2510.13786), i.e. cispo_clip_high = 4 here.
+    We follow the paper's form and verl's parameterisation.
+
+    Only the gradient is meaningful (the value is not a surrogate of the objective). Metrics:
+    ``clip_frac_low`` / ``clip_frac_high`` are the fractions of real tokens whose weight was clipped
+    at the lower / upper bound, whatever the advantage's sign (the gradient is kept either way).
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_positive(cispo_clip_high=cispo_clip_high)
+    if cispo_clip_low is not None and cispo_clip_low < 0:
+        raise ValueError(f"cispo_clip_low must be >= 0 or None (no lower bound), got {cispo_clip_low}")
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
+    log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio.detach())  # [N, T]; a weight: sg(.)
+    lower = None if cispo_clip_low is None else 1.0 - cispo_clip_low
+    weight = ratio.clamp(min=lower, max=1.0 + cispo_clip_high)
+    loss = -weight * advantages * _clean(logprobs, mask)
+    below = ratio < lower if lower is not None else torch.zeros_like(mask)
+    metrics = {"clip_frac_low": masked_mean(below.to(ratio.dtype), mask),
+               "clip_frac_high": masked_mean((ratio > 1.0 + cispo_clip_high).to(ratio.dtype), mask)}
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
+
+
+def log_ratio_stats(logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
+    """How far the policy has moved from pi_old on this batch's tokens, whatever the loss: the spread
+    of the token log importance ratios log r_t = logp_t - logp_old_t over real tokens.
+
+    Returns detached scalars ``log_ratio_std`` (population std; 0 with no real token) and
+    ``log_ratio_abs_max`` (max |log r_t|). GMPO (arXiv 2507.20673, Fig. 2) and SAPO (arXiv
+    2511.20347) argue from the range of these ratios; this is the same number for every loss.
+
+    Shapes: logprobs, old_logprobs, response_mask [N, T].
+    """
+    mask = as_bool_mask(response_mask)
+    lr = _clean(_upcast(logprobs.detach()) - _upcast(old_logprobs.detach()), mask)  # [N, T], 0 on padding
+    mean = masked_mean(lr, mask)
+    var = masked_mean((lr - mean) ** 2, mask)
+    return {"log_ratio_std": var.clamp(min=0).sqrt(),
+            "log_ratio_abs_max": lr.abs().max() if lr.numel() else _zero(lr)}
+
+
 def truncated_is_weights(
     learner_old_logprobs: Tensor,
     sampler_logprobs: Tensor,

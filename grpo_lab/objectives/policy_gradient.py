@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate,
-                            best_of_group_mask, linear_warmup)
+                            best_of_group_mask, linear_warmup, log_ratio_stats)
 from grpo_lab.registry import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 
@@ -68,6 +68,12 @@ class PolicyGradient(Objective):
                               "[1 − clip_low, 1 + clip_high] (e.g. 0.2; DAPO uses clip_high=0.28)")
         if a.dual_clip is not None and not a.dual_clip > 1.0:
             errors.append(f"algorithm.dual_clip={a.dual_clip} must be > 1 (the paper uses 3) or null")
+        if not a.cispo_clip_high > 0:
+            errors.append(f"algorithm.cispo_clip_high={a.cispo_clip_high} must be > 0: CISPO caps its IS weight at "
+                          "1 + cispo_clip_high (verl's example 0.2)")
+        if a.cispo_clip_low is not None and not a.cispo_clip_low >= 0:
+            errors.append(f"algorithm.cispo_clip_low={a.cispo_clip_low} must be >= 0, or null for no lower bound "
+                          "(MiniMax-M1's choice)")
         if a.tis_cap is not None and not a.tis_cap >= 1.0:
             errors.append(f"algorithm.tis_cap={a.tis_cap} must be >= 1 (typical 2) or null")
         if a.entropy_coef < 0:
@@ -145,7 +151,8 @@ class PolicyGradient(Objective):
         loss_mat, m = POLICY_LOSSES.call(a.policy_loss, logp, micro["old_logprobs"], micro["advantages"], mask,
                                          is_weights=micro.get("is_weights"), **settings_of(a))
         total = loss_mat
-        metrics = {k: float(v) for k, v in m.items()}
+        # The spread of log(π/π_old) over the loss's tokens, the same number whichever loss ran.
+        metrics = {k: float(v) for k, v in {**m, **log_ratio_stats(logp, micro["old_logprobs"], mask)}.items()}
         if ref_logprobs is not None and a.kl.coef > 0:
             kl = KL_ESTIMATORS.get(a.kl.estimator)(logp, ref_logprobs)  # [n, T]
             metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
