@@ -108,6 +108,10 @@ class AlgorithmConfig:
     cispo_clip_low: Optional[float] = None
     # CISPO's ε_high^IS (verl's example 0.2; TRL's ε_max = 5 is cispo_clip_high = 4).
     cispo_clip_high: float = 0.2
+    # GMPO (arXiv 2507.20673): each token's log-ratio is clipped to [−gmpo_log_clip_low, gmpo_log_clip_high]
+    # (log space; the paper's 0.4 each is a ratio range (e^-0.4, e^0.4)), sign-aware as PPO's clip.
+    gmpo_log_clip_low: float = 0.4
+    gmpo_log_clip_high: float = 0.4
     # Loss aggregation mode (grpo_lab/algos/aggregation.py).
     aggregation: str = "token_mean"
     # Updates per rollout batch: μ epochs × minibatches; the sampler's logprobs are π_old throughout.

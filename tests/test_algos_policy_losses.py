@@ -13,6 +13,7 @@ from grpo_lab.algos import (
     aggregate,
     cispo,
     clipped_surrogate,
+    gmpo,
     gspo,
     gspo_token,
     log_ratio_stats,
@@ -268,7 +269,48 @@ def test_cispo_clip_fractions_with_a_lower_bound():
         cispo(logp, old, adv, mask, cispo_clip_low=-0.1, cispo_clip_high=0.2)
 
 
-ON_POLICY_LOSSES = ["cispo"]
+def test_gmpo_by_hand():
+    # old logp = 0, so the token log-ratios d are the logps; eps_low = eps_high = 0.4 (the paper's).
+    # seq 0, A = +1, d = [0.1, 0.6, -0.5]: only the upper side clips (A > 0): d' = [0.1, 0.4, -0.5],
+    #   mean 0 -> s'_0 = 1; loss -A s' = -1 on each real token; token 2 clipped.
+    # seq 1, A = -1, d = [-0.6, 0.5, 0.1]: only the lower side clips: d' = [-0.4, 0.5, 0.1],
+    #   mean 0.2/3 -> s'_1 = e^(0.2/3) = 1.0689391; loss +1.0689391 on each real token; token 1 clipped.
+    logp = _leaf([[0.1, 0.6, -0.5, GARBAGE], [-0.6, 0.5, 0.1, GARBAGE]])
+    old = torch.zeros(2, 4, dtype=D)
+    adv = torch.tensor([[1.0, 1.0, 1.0, GARBAGE], [-1.0, -1.0, -1.0, GARBAGE]], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]])
+    loss, metrics = gmpo(logp, old, adv, mask, gmpo_log_clip_low=0.4, gmpo_log_clip_high=0.4)
+    s1 = math.exp(0.2 / 3)
+    assert abs(s1 - 1.0689391) < 1e-7
+    assert_close(loss, torch.tensor([[-1.0, -1.0, -1.0, 0.0], [s1, s1, s1, 0.0]], dtype=D))
+    # seq_mean_token_mean gives the paper's 1/G sum_i -A_i s'_i = (-1 + 1.0689391) / 2
+    assert_close(aggregate(loss, mask, "seq_mean_token_mean"), torch.tensor((-1.0 + s1) / 2, dtype=D))
+    assert_close(metrics["clip_frac_high"], torch.tensor(1 / 6, dtype=D))
+    assert_close(metrics["clip_frac_low"], torch.tensor(1 / 6, dtype=D))
+    # ratio_mean: the unclipped geometric means e^(0.2/3) (seq 0) and e^0 (seq 1), 3 tokens each
+    assert_close(metrics["ratio_mean"], torch.tensor((math.exp(0.2 / 3) + 1.0) / 2, dtype=D))
+    # gradient of the summed loss: sum_t -A s' = -3 A s', d s'/d d_t = s'/3 for an unclipped token
+    #   seq 0: -1 * 1 = -1 on tokens 1 and 3, 0 on the clipped token 2
+    #   seq 1: +s'_1 on tokens 2 and 3, 0 on the clipped token 1
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([[-1.0, 0.0, -1.0, 0.0], [0.0, s1, s1, 0.0]], dtype=D))
+
+
+def test_gmpo_geometric_mean_damps_an_outlier_ratio():
+    # One token's ratio e^2 = 7.389 next to two at 1, no clip, A = -1 (so the loss is the ratio):
+    #   GMPO:      (e^2 * 1 * 1)^(1/3) = e^(2/3) = 1.9477340
+    #   GRPO-like: arithmetic mean (e^2 + 1 + 1) / 3 = 3.1296854  (clipped_surrogate, seq_mean_token_mean)
+    logp = torch.tensor([[2.0, 0.0, 0.0]], dtype=D)
+    adv, mask, old = -torch.ones(1, 3, dtype=D), torch.ones(1, 3), torch.zeros(1, 3, dtype=D)
+    geo, _ = gmpo(logp, old, adv, mask, gmpo_log_clip_low=1e9, gmpo_log_clip_high=1e9)
+    arith, _ = clipped_surrogate(logp, old, adv, mask, clip_low=1e9, clip_high=1e9)
+    assert_close(aggregate(geo, mask, "seq_mean_token_mean"), torch.tensor(1.9477340, dtype=D))
+    assert_close(aggregate(arith, mask, "seq_mean_token_mean"), torch.tensor(3.1296854, dtype=D))
+    with pytest.raises(ValueError, match="gmpo_log_clip_low must be > 0"):
+        gmpo(logp, old, adv, mask, gmpo_log_clip_low=0.0, gmpo_log_clip_high=0.4)
+
+
+ON_POLICY_LOSSES = ["cispo", "gmpo"]
 
 
 @pytest.mark.parametrize("name", ON_POLICY_LOSSES)

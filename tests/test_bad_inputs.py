@@ -25,6 +25,7 @@ CATALOGUE = [
     (['algorithm.tis_cap=0.5'], 'algorithm.tis_cap'),
     (['algorithm.cispo_clip_high=0'], 'algorithm.cispo_clip_high'),
     (['algorithm.cispo_clip_low=-1'], 'algorithm.cispo_clip_low'),
+    (['algorithm.gmpo_log_clip_high=0'], 'algorithm.gmpo_log_clip_high'),
     (['algorithm.kl.coef=-1'], 'algorithm.kl.coef'),
     (['algorithm.kl.placement=middle'], 'algorithm.kl.placement'),
     (['algorithm.kl.estimator=k4'], 'algorithm.kl.estimator'),

@@ -297,6 +297,58 @@ def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_m
     return _finish(loss, mask, is_weights, log_ratio, metrics)
 
 
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+         gmpo_log_clip_low: float, gmpo_log_clip_high: float,
+         is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO: Geometric-Mean Policy Optimization (arXiv 2507.20673, §3 eq. 4 and its released code).
+
+        d_t   = logp_t - logp_old_t                                          (token log-ratio)
+        d'_t  = min(d_t, eps_high)      if A_t > 0                           (sign-aware clip in log space,
+        d'_t  = max(d_t, -eps_low)      if A_t < 0                            the pessimistic side as PPO)
+        s'_i  = exp(1/|o_i| sum_t d'_t) = (prod_t clip(r_t))^(1/|o_i|)       (geometric mean of the ratios)
+        L_i,t = -A_i,t s'_i
+
+    GRPO maximises the arithmetic mean of the token rewards r_t A; GMPO the geometric mean, which
+    one outlier ratio moves far less. The paper writes it as
+    1/G sum_i (prod_t |clip(r_t) A_i|)^(1/|o_i|) sgn(A_i), the same thing for a sequence-constant
+    A_i. The loss of sequence i is broadcast over its real tokens, so ``seq_mean_token_mean``
+    aggregation gives the paper's 1/G sum_i -A_i s'_i (its released code updates one sequence at a
+    time and averages). Paper values: eps_low = eps_high = 0.4, i.e. ratios in (e^-0.4, e^0.4) =
+    (0.670, 1.492), clipped per token (the paper's ablation finds a sequence-level clip worse).
+
+    The sign-aware clip is the released code's (``train_zero_math_gmpo.py``) and verl's
+    ``geo_mean`` loss: for A > 0 a token whose log-ratio exceeds eps_high adds no more to the
+    objective and no gradient; for A < 0 one below -eps_low. With token-level advantages each token
+    is clipped by its own advantage's sign (the paper defines GMPO for sequence advantages only).
+    On-policy (every d_t = 0) the gradient of the summed loss is the plain policy gradient,
+    -A_t on each token: d(-A s')/d logp_t = -A s' / |o_i| summed over the |o_i| copies.
+
+    Metrics: ``clip_frac_high`` / ``clip_frac_low`` count the tokens whose log-ratio was clipped at
+    eps_high (A > 0) / -eps_low (A < 0); ``ratio_mean`` and ``ppo_kl`` are of the unclipped
+    geometric-mean ratio, broadcast over tokens (as ``gspo``'s). IS weights multiply each token's
+    copy of the sequence loss, so a sequence is weighted by the arithmetic mean of its tokens' weights
+    (verl's ``geo_mean`` takes their geometric mean).
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_positive(gmpo_log_clip_low=gmpo_log_clip_low, gmpo_log_clip_high=gmpo_log_clip_high)
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
+    token_lr = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)   # d_t [N, T]
+    up, down = advantages > 0, advantages < 0
+    clipped_lr = torch.where(up, token_lr.clamp(max=gmpo_log_clip_high),
+                             torch.where(down, token_lr.clamp(min=-gmpo_log_clip_low), token_lr))   # d'_t
+    lengths = mask.sum(-1, keepdim=True).clamp(min=1).to(token_lr.dtype)                    # [N, 1]
+    seq_ratio = torch.exp(clipped_lr.sum(-1, keepdim=True) / lengths)                       # s'_i [N, 1]
+    loss = -advantages * seq_ratio                                                           # [N, T]
+    metrics = {"clip_frac_high": masked_mean((up & (token_lr > gmpo_log_clip_high)).to(loss.dtype), mask),
+               "clip_frac_low": masked_mean((down & (token_lr < -gmpo_log_clip_low)).to(loss.dtype), mask)}
+    seq_lr = _clean((token_lr.sum(-1, keepdim=True) / lengths).expand_as(token_lr), mask)   # unclipped [N, T]
+    return _finish(loss, mask, is_weights, seq_lr, metrics)
+
 def log_ratio_stats(logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
     """How far the policy has moved from pi_old on this batch's tokens, whatever the loss: the spread
     of the token log importance ratios log r_t = logp_t - logp_old_t over real tokens.

@@ -71,6 +71,10 @@ class PolicyGradient(Objective):
         if not a.cispo_clip_high > 0:
             errors.append(f"algorithm.cispo_clip_high={a.cispo_clip_high} must be > 0: CISPO caps its IS weight at "
                           "1 + cispo_clip_high (verl's example 0.2)")
+        for key in ("gmpo_log_clip_low", "gmpo_log_clip_high"):
+            if not a[key] > 0:
+                errors.append(f"algorithm.{key}={a[key]} must be > 0: GMPO clips each token's log-ratio to "
+                              "[−gmpo_log_clip_low, gmpo_log_clip_high] (the paper uses 0.4 each)")
         if a.cispo_clip_low is not None and not a.cispo_clip_low >= 0:
             errors.append(f"algorithm.cispo_clip_low={a.cispo_clip_low} must be >= 0, or null for no lower bound "
                           "(MiniMax-M1's choice)")
