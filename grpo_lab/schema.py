@@ -112,6 +112,10 @@ class AlgorithmConfig:
     # (log space; the paper's 0.4 each is a ratio range (e^-0.4, e^0.4)), sign-aware as PPO's clip.
     gmpo_log_clip_low: float = 0.4
     gmpo_log_clip_high: float = 0.4
+    # SAPO (arXiv 2511.20347): temperature τ of the soft gate σ(τ(r − 1))·4/τ for tokens with A > 0 / A ≤ 0
+    # (paper 1.0 and 1.05: the gate decays faster for negative advantages).
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
     # Loss aggregation mode (grpo_lab/algos/aggregation.py).
     aggregation: str = "token_mean"
     # Updates per rollout batch: μ epochs × minibatches; the sampler's logprobs are π_old throughout.

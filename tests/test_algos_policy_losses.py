@@ -18,6 +18,7 @@ from grpo_lab.algos import (
     gspo_token,
     log_ratio_stats,
     logprob_mismatch_metrics,
+    sapo,
     truncated_is_weights,
     vanilla_pg,
 )
@@ -310,7 +311,43 @@ def test_gmpo_geometric_mean_damps_an_outlier_ratio():
         gmpo(logp, old, adv, mask, gmpo_log_clip_low=0.0, gmpo_log_clip_high=0.4)
 
 
-ON_POLICY_LOSSES = ["cispo", "gmpo"]
+def test_sapo_by_hand():
+    # tau_pos = 1, tau_neg = 2; p = sigmoid(tau (r - 1)), loss -4 p A / tau, gradient -A w r with w = 4 p (1 - p)
+    #  1. r = 1,   A = +1, tau 1: p = 1/2,        loss -2,          w = 1,         grad -1
+    #  2. r = 2,   A = +1, tau 1: p = 0.7310586,  loss -2.9242343,  w = 0.7864477, grad -1.5728955
+    #  3. r = 0.5, A = -1, tau 2: p = 0.2689414,  loss +0.5378828,  w = 0.7864477, grad +0.3932239
+    #  4. r = 4,   A = +1, tau 1: p = 0.9525741,  loss -3.8102965,  w = 0.1807066, grad -0.7228266 (gated: w < 1/2)
+    # PPO's clip 0.2 would give tokens 2 and 4 no gradient at all, and token 3 none either (r < 0.8, A < 0).
+    logp = _leaf([[0.0, math.log(2.0), math.log(0.5), math.log(4.0), GARBAGE]])
+    old = torch.zeros(1, 5, dtype=D)
+    adv = torch.tensor([[1.0, 1.0, -1.0, 1.0, GARBAGE]], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    loss, metrics = sapo(logp, old, adv, mask, sapo_tau_pos=1.0, sapo_tau_neg=2.0)
+    assert_close(loss, torch.tensor([[-2.0, -2.9242343, 0.5378828, -3.8102965, 0.0]], dtype=D), atol=1e-7, rtol=0)
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([[-1.0, -1.5728955, 0.3932239, -0.7228266, 0.0]], dtype=D),
+                 atol=1e-7, rtol=0)
+    assert_close(metrics["gate_weight_mean"], torch.tensor((1 + 2 * 0.7864477 + 0.1807066) / 4, dtype=D),
+                 atol=1e-7, rtol=0)
+    assert_close(metrics["clip_frac_high"], torch.tensor(1 / 4, dtype=D))   # token 4
+    assert_close(metrics["clip_frac_low"], torch.tensor(0.0, dtype=D))
+    with pytest.raises(ValueError, match="sapo_tau_neg must be > 0"):
+        sapo(logp, old, adv, mask, sapo_tau_pos=1.0, sapo_tau_neg=0.0)
+
+
+def test_sapo_gate_decays_faster_for_negative_advantages():
+    # The same ratio r = 1.5 under A = +1 (tau_pos 1.0) and A = -1 (tau_neg 1.05, the paper's values):
+    # |gradient| = w r with w = 4 p (1 - p); the larger tau gives the smaller w.
+    logp = _leaf([[math.log(1.5), math.log(1.5)]])
+    adv = torch.tensor([[1.0, -1.0]], dtype=D)
+    loss, _ = sapo(logp, torch.zeros(1, 2, dtype=D), adv, torch.ones(1, 2), sapo_tau_pos=1.0, sapo_tau_neg=1.05)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    w = lambda tau: 4 * (1 / (1 + math.exp(-tau * 0.5))) * (1 - 1 / (1 + math.exp(-tau * 0.5)))
+    assert_close(grad, torch.tensor([[-w(1.0) * 1.5, w(1.05) * 1.5]], dtype=D))
+    assert abs(grad[0, 1]) < abs(grad[0, 0])
+
+
+ON_POLICY_LOSSES = ["cispo", "gmpo", "sapo"]
 
 
 @pytest.mark.parametrize("name", ON_POLICY_LOSSES)
@@ -407,6 +444,7 @@ def test_log_ratio_stats_by_hand():
 BF16_EXPECTED = {
     "vanilla_pg": 1.0,                   # -A logp
     "cispo": math.exp(3e-4),             # -sg(r) A logp = 1.0003
+    "sapo": -4.0 / (1.0 + math.exp(-(math.exp(3e-4) - 1.0))),   # -4 sigmoid(tau (r - 1)) / tau, tau 1: -2.0003
 }
 
 

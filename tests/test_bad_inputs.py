@@ -26,6 +26,7 @@ CATALOGUE = [
     (['algorithm.cispo_clip_high=0'], 'algorithm.cispo_clip_high'),
     (['algorithm.cispo_clip_low=-1'], 'algorithm.cispo_clip_low'),
     (['algorithm.gmpo_log_clip_high=0'], 'algorithm.gmpo_log_clip_high'),
+    (['algorithm.sapo_tau_neg=0'], 'algorithm.sapo_tau_neg'),
     (['algorithm.kl.coef=-1'], 'algorithm.kl.coef'),
     (['algorithm.kl.placement=middle'], 'algorithm.kl.placement'),
     (['algorithm.kl.estimator=k4'], 'algorithm.kl.estimator'),

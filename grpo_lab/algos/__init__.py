@@ -3,7 +3,7 @@
 One registry per concept; dispatch by name only through them:
 
     ADVANTAGE_ESTIMATORS  group_zscore, group_mean, group_mean_batch_std, rloo, reinforce_pp, gae
-    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg, cispo, gmpo
+    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg, cispo, gmpo, sapo
     KL_ESTIMATORS         k1, k2, k3
     AGGREGATIONS          token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm
     PREFERENCE_LOSSES     dpo, ipo
@@ -32,6 +32,7 @@ from .policy_losses import (
     gspo_token,
     log_ratio_stats,
     logprob_mismatch_metrics,
+    sapo,
     truncated_is_weights,
     vanilla_pg,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "logprob_mismatch_metrics",
     "reinforce_pp",
     "rloo",
+    "sapo",
     "sequence_logps",
     "soft_overlong_penalty",
     "truncated_is_weights",

@@ -349,6 +349,58 @@ def gmpo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_ma
     seq_lr = _clean((token_lr.sum(-1, keepdim=True) / lengths).expand_as(token_lr), mask)   # unclipped [N, T]
     return _finish(loss, mask, is_weights, seq_lr, metrics)
 
+
+# A token counts as gated (SAPO's clip_frac_low / clip_frac_high) when its soft gate has at least
+# halved the gradient the plain IS-weighted policy gradient would give it: 4 p (1 - p) < 1/2.
+SAPO_GATED_BELOW = 0.5
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+         sapo_tau_pos: float, sapo_tau_neg: float,
+         is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO: Soft Adaptive Policy Optimization (arXiv 2511.20347, §3), a soft gate instead of the clip.
+
+        r_t   = exp(logp_t - logp_old_t)
+        tau_t = tau_pos if A_t > 0 else tau_neg
+        f(r)  = sigmoid(tau_t (r - 1)) * 4 / tau_t                          (the soft gate)
+        L_t   = -f(r_t) A_t
+        d L_t / d logp_t = -A_t w_t r_t,   w_t = 4 p_t (1 - p_t),  p_t = sigmoid(tau_t (r_t - 1))
+
+    w_t is 1 on-policy (r = 1: p = 1/2), so there the gradient is the plain policy gradient -A grad
+    logp, and it decays smoothly as r leaves 1 instead of dropping to 0 at a clip bound: a
+    continuous trust region. The 4/tau factor makes w(1) = 1 for every tau; a larger tau decays
+    faster, and the paper sets tau_neg > tau_pos (1.05 vs 1.0) because negative-advantage updates
+    raise the logits of many unsampled tokens and destabilise training. The paper averages per
+    sequence then over the group (1/G sum_i 1/|y_i| sum_t: ``seq_mean_token_mean``), as verl's and
+    TRL's implementations do.
+
+    Sources: the gate and temperatures as in the paper, verl's ``compute_policy_loss_sapo`` and TRL's
+    ``loss_type="sapo"`` (all three agree; A = 0 takes tau_neg in both codes, irrelevant as its
+    loss is 0).
+
+    Metrics: ``clip_frac_low`` / ``clip_frac_high`` count the real tokens the gate has *gated*,
+    w_t < 1/2 (at least halved the IS-weighted gradient), with r < 1 / r > 1 (for tau near 1 only
+    r > 2.76 gets there); ``gate_weight_mean`` is the mean w_t.
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_positive(sapo_tau_pos=sapo_tau_pos, sapo_tau_neg=sapo_tau_neg)
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
+    log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)                                                     # [N, T]
+    tau = torch.where(advantages > 0, sapo_tau_pos, sapo_tau_neg).to(ratio.dtype)    # [N, T]
+    p = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(p * 4.0 / tau) * advantages
+    w = (4.0 * p * (1.0 - p)).detach()                                               # gradient weight, 1 at r = 1
+    gated = w < SAPO_GATED_BELOW
+    metrics = {"clip_frac_low": masked_mean((gated & (ratio < 1.0)).to(ratio.dtype), mask),
+               "clip_frac_high": masked_mean((gated & (ratio > 1.0)).to(ratio.dtype), mask),
+               "gate_weight_mean": masked_mean(w, mask)}
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
+
 def log_ratio_stats(logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
     """How far the policy has moved from pi_old on this batch's tokens, whatever the loss: the spread
     of the token log importance ratios log r_t = logp_t - logp_old_t over real tokens.

@@ -75,6 +75,10 @@ class PolicyGradient(Objective):
             if not a[key] > 0:
                 errors.append(f"algorithm.{key}={a[key]} must be > 0: GMPO clips each token's log-ratio to "
                               "[−gmpo_log_clip_low, gmpo_log_clip_high] (the paper uses 0.4 each)")
+        for key in ("sapo_tau_pos", "sapo_tau_neg"):
+            if not a[key] > 0:
+                errors.append(f"algorithm.{key}={a[key]} must be > 0: the temperature of SAPO's soft gate "
+                              "σ(τ(r − 1))·4/τ (the paper uses sapo_tau_pos=1.0, sapo_tau_neg=1.05)")
         if a.cispo_clip_low is not None and not a.cispo_clip_low >= 0:
             errors.append(f"algorithm.cispo_clip_low={a.cispo_clip_low} must be >= 0, or null for no lower bound "
                           "(MiniMax-M1's choice)")
