@@ -116,6 +116,12 @@ class AlgorithmConfig:
     # (paper 1.0 and 1.05: the gate decays faster for negative advantages).
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
+    # DPPO-Binary-TV (arXiv 2602.04879): drop a token's gradient when π − π_old > dppo_delta_high with A > 0,
+    # or < −dppo_delta_low with A < 0 (a total-variation trust region; the released recipe uses 0.15 each).
+    dppo_delta_low: float = 0.15
+    dppo_delta_high: float = 0.15
+    # DPPO: cap C of its detached ratio weight min(r, C) (the authors' code 10; verl's example 10000); null = none.
+    dppo_ratio_cap: Optional[float] = 10.0
     # Loss aggregation mode (grpo_lab/algos/aggregation.py).
     aggregation: str = "token_mean"
     # Updates per rollout batch: μ epochs × minibatches; the sampler's logprobs are π_old throughout.

@@ -13,6 +13,7 @@ from grpo_lab.algos import (
     aggregate,
     cispo,
     clipped_surrogate,
+    dppo,
     gmpo,
     gspo,
     gspo_token,
@@ -347,7 +348,45 @@ def test_sapo_gate_decays_faster_for_negative_advantages():
     assert abs(grad[0, 1]) < abs(grad[0, 0])
 
 
-ON_POLICY_LOSSES = ["cispo", "gmpo", "sapo"]
+# DPPO's example: (pi_old, pi, A) per token, delta 0.15 both sides, cap C = 10.
+DPPO_TOKENS = [
+    (0.5, 0.6, 1.0),     # D = +0.1 <= 0.15: kept, r = 1.2                       grad -A r = -1.2
+    (0.5, 0.7, 1.0),     # D = +0.2 > 0.15 with A > 0: masked                    grad 0
+    (0.01, 0.05, 1.0),   # D = +0.04: kept although r = 5 (PPO would clip it)    grad -5
+    (0.8, 0.6, -1.0),    # D = -0.2 < -0.15 with A < 0: masked                   grad 0
+    (0.9, 0.8, -1.0),    # D = -0.1: kept, r = 0.8889                             grad +0.8889
+    (0.3, 0.6, -1.0),    # D = +0.3 but A < 0 pushes pi down: no bound that side  grad +2
+    (0.001, 0.02, 1.0),  # D = +0.019: kept, r = 20 truncated to C = 10           grad -10
+]
+
+
+def test_dppo_binary_tv_by_hand():
+    old = torch.log(torch.tensor([[t[0] for t in DPPO_TOKENS] + [0.5]], dtype=D))
+    logp = _leaf([[math.log(t[1]) for t in DPPO_TOKENS] + [GARBAGE]])
+    adv = torch.tensor([[t[2] for t in DPPO_TOKENS] + [GARBAGE]], dtype=D)
+    mask = torch.tensor([[1] * 7 + [0]])
+    loss, metrics = dppo(logp, old, adv, mask, dppo_delta_low=0.15, dppo_delta_high=0.15, dppo_ratio_cap=10.0)
+    weight = [1.2, 0.0, 5.0, 0.0, 0.8 / 0.9, 2.0, 10.0]           # min(r, C) M
+    expected = [-a * w * math.log(p) for (_, p, a), w in zip(DPPO_TOKENS, weight)] + [0.0]
+    assert_close(loss, torch.tensor([expected], dtype=D))
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([[-1.2, 0.0, -5.0, 0.0, 0.8 / 0.9, 2.0, -10.0, 0.0]], dtype=D))
+    assert_close(metrics["clip_frac_high"], torch.tensor(1 / 7, dtype=D))   # token 2
+    assert_close(metrics["clip_frac_low"], torch.tensor(1 / 7, dtype=D))    # token 4
+    assert_close(metrics["ratio_cap_frac"], torch.tensor(1 / 7, dtype=D))   # token 7
+    # PPO's clip 0.2 drops token 3 (r = 5 > 1.2 with A > 0), the rare token DPPO keeps
+    ppo, _ = clipped_surrogate(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    (g_ppo,) = torch.autograd.grad(ppo.sum(), logp)
+    assert g_ppo[0, 2] == 0 and logp.grad[0, 2] != 0
+    # no cap: token 7 gets its full ratio 20
+    uncapped, m = dppo(logp, old, adv, mask, dppo_delta_low=0.15, dppo_delta_high=0.15, dppo_ratio_cap=None)
+    (g,) = torch.autograd.grad(uncapped.sum(), logp)
+    assert_close(g[0, 6], torch.tensor(-20.0, dtype=D)) and "ratio_cap_frac" not in m
+    with pytest.raises(ValueError, match="dppo_ratio_cap must be >= 1"):
+        dppo(logp, old, adv, mask, dppo_delta_low=0.15, dppo_delta_high=0.15, dppo_ratio_cap=0.5)
+
+
+ON_POLICY_LOSSES = ["cispo", "gmpo", "sapo", "dppo"]
 
 
 @pytest.mark.parametrize("name", ON_POLICY_LOSSES)
@@ -387,6 +426,21 @@ def test_masked_positions_do_not_matter(name):
         assert_close(metrics2[k], metrics[k])
         assert not metrics[k].requires_grad
     assert (loss[pad] == 0).all() and (grad[pad] == 0).all()
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_the_zero_at_zero_advantage_fact_holds(name):
+    """An entry that says `zero_at_zero_advantage` gives a row of all-zero advantages loss 0 and gradient 0
+    whatever its ratios (the learner then skips the row: PolicyGradient.rows_without_gradient)."""
+    if not POLICY_LOSSES.fact(name, "zero_at_zero_advantage"):
+        pytest.skip("the entry does not claim it")
+    logp, logp_g, old, _, token_adv, mask = _random_batch(5)
+    adv = token_adv.clone()
+    adv[1] = 0.0
+    loss, _ = POLICY_LOSSES.call(name, logp_g, old, adv, mask, **SETTINGS)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert (loss[1] == 0).all() and (grad[1] == 0).all()
+    assert grad[0].abs().sum() > 0
 
 
 def test_huge_log_ratio_stays_finite():
@@ -445,6 +499,7 @@ BF16_EXPECTED = {
     "vanilla_pg": 1.0,                   # -A logp
     "cispo": math.exp(3e-4),             # -sg(r) A logp = 1.0003
     "sapo": -4.0 / (1.0 + math.exp(-(math.exp(3e-4) - 1.0))),   # -4 sigmoid(tau (r - 1)) / tau, tau 1: -2.0003
+    "dppo": math.exp(3e-4),              # -A sg(r) M logp = 1.0003 (pi - pi_old ~ 1e-4: kept)
 }
 
 

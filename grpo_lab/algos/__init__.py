@@ -3,7 +3,7 @@
 One registry per concept; dispatch by name only through them:
 
     ADVANTAGE_ESTIMATORS  group_zscore, group_mean, group_mean_batch_std, rloo, reinforce_pp, gae
-    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg, cispo, gmpo, sapo
+    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg, cispo, gmpo, sapo, dppo
     KL_ESTIMATORS         k1, k2, k3
     AGGREGATIONS          token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm
     PREFERENCE_LOSSES     dpo, ipo
@@ -27,6 +27,7 @@ from .policy_losses import (
     POLICY_LOSSES,
     cispo,
     clipped_surrogate,
+    dppo,
     gmpo,
     gspo,
     gspo_token,
@@ -72,6 +73,7 @@ __all__ = [
     "clipped_surrogate",
     "clipped_value_loss",
     "dpo_loss",
+    "dppo",
     "ema_reward_normalize",
     "entropy_from_logits",
     "gae",

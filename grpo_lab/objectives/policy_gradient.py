@@ -79,6 +79,13 @@ class PolicyGradient(Objective):
             if not a[key] > 0:
                 errors.append(f"algorithm.{key}={a[key]} must be > 0: the temperature of SAPO's soft gate "
                               "σ(τ(r − 1))·4/τ (the paper uses sapo_tau_pos=1.0, sapo_tau_neg=1.05)")
+        for key in ("dppo_delta_low", "dppo_delta_high"):
+            if not 0.0 < a[key] <= 1.0:
+                errors.append(f"algorithm.{key}={a[key]} must lie in (0, 1]: DPPO's bound on how far a token's "
+                              "probability may move, π − π_old (0.15 in the paper's recipe)")
+        if a.dppo_ratio_cap is not None and not a.dppo_ratio_cap >= 1.0:
+            errors.append(f"algorithm.dppo_ratio_cap={a.dppo_ratio_cap} must be >= 1 (the authors' code uses 10), "
+                          "or null for no truncation of DPPO's ratio weight")
         if a.cispo_clip_low is not None and not a.cispo_clip_low >= 0:
             errors.append(f"algorithm.cispo_clip_low={a.cispo_clip_low} must be >= 0, or null for no lower bound "
                           "(MiniMax-M1's choice)")
