@@ -17,7 +17,16 @@ that sampled the batch (detached). ``loss_mat`` is 0 on masked positions, and ma
 never reach it. ``is_weights`` (e.g. :func:`truncated_is_weights`) multiplies the per-token loss.
 Metrics are detached means over this call's real tokens: ``clip_frac_low`` / ``clip_frac_high``
 (the clipped term is the one the min picks, at the lower / upper bound), ``dual_clip_frac``,
-``ratio_mean``, ``ppo_kl`` (mean of old - new log-prob).
+``ratio_mean``, ``ppo_kl`` (mean of old - new log-prob). Every loss reports ``clip_frac_low`` /
+``clip_frac_high`` as the tokens its trust region acted on, low and high side: CISPO the tokens
+whose weight was clipped, GMPO those whose log-ratio was, SAPO those its gate has at least halved,
+DPPO those it masked; each docstring says which.
+
+The losses of 2025-26 (CISPO, GMPO, SAPO, DPPO) take settings of their own (``cispo_clip_high``,
+``gmpo_log_clip_low``, ``sapo_tau_pos``, ``dppo_delta_high``, ...) rather than reusing
+``clip_low``/``clip_high`` as verl does: their bounds mean other things (an IS-weight cap, a log-space
+range, a temperature, a probability difference), and a value meant for one would silently be read by
+another.
 
 Departures / choices:
 

@@ -1,5 +1,5 @@
-"""The policy-gradient objective: GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++ and PPO are all this
-objective with different registered parts: an algorithm is a composition.
+"""The policy-gradient objective: GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++, PPO, CISPO, GMPO, SAPO
+and DPPO are all this objective with different registered parts: an algorithm is a composition.
 
     batch:  r_i on the last real token of i; with algorithm.kl.placement=reward, r_t -= β KL_t
             (PPO, REINFORCE++); then the registered advantage estimator -> A [N, T]
