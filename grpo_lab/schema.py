@@ -48,6 +48,21 @@ class DynamicSamplingConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    # Correct for the rollout engine / learner mismatch (and a stale engine, trainer.max_staleness=1) with
+    # weights from ρ_t = π_learner(y_t) / π_engine(y_t) (grpo_lab/algos/rollout_correction.py): null = off
+    # (the loss's π_old is then the engine's logprobs); token (ρ_t each), sequence (Π_t ρ_t per answer) or
+    # geometric (exp of the mean log ρ_t per answer). Works with every policy loss.
+    level: Optional[str] = None
+    # truncate: clamp each weight to [lower, upper] (TIS); mask: weight 0 for a token/answer outside them.
+    mode: str = "truncate"
+    # Upper bound, >= 1 (Yao et al.'s TIS cap 2; TRL's default 3).
+    upper: float = 2.0
+    # Lower bound in (0, 1]; null = none (e.g. 0.5 for verl's Seq-MIS, 0.999 for its geometric rejection).
+    lower: Optional[float] = None
+
+
+@dataclass
 class CriticConfig:
     # Train a value model (PPO). Needed by the "gae" advantage estimator.
     enabled: bool = False
@@ -132,7 +147,9 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
-    # Truncated importance-sampling correction for rollout/learner mismatch: cap C; null = off.
+    # Rollout-engine / learner mismatch correction (token / sequence / geometric weights, truncated or masked).
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    # Retired: replaced by rollout_correction (tis_cap=C is level=token mode=truncate upper=C); a value is refused.
     tis_cap: Optional[float] = None
     critic: CriticConfig = field(default_factory=CriticConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)

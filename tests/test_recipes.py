@@ -163,7 +163,8 @@ def test_recipe_two_steps_end_to_end(name, tmp_path, shared_cache, monkeypatch, 
 
     # On-policy path: one update per batch from the engine's own samples, so the ratio is 1 and
     # nothing is clipped (HF engine and learner agree in fp32 to ~1e-7 per token).
-    if a.objective == "policy_gradient" and a.epochs == 1 and a.minibatches == 1 and a.tis_cap is None:
+    if a.objective == "policy_gradient" and a.epochs == 1 and a.minibatches == 1 \
+            and a.rollout_correction.level is None:
         for m in steps:
             assert m["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
             assert m["actor/clip_frac_low"] == 0 and m["actor/clip_frac_high"] == 0

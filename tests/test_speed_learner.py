@@ -139,7 +139,7 @@ def test_the_update_without_a_scoring_forward_equals_the_update_with_it(model_di
     assert max(d.abs().max() for d in d_fast.values()) > 0
 
 
-@pytest.mark.parametrize("algo", [{"epochs": 2}, {"minibatches": 2}, {"tis_cap": 2.0}])
+@pytest.mark.parametrize("algo", [{"epochs": 2}, {"minibatches": 2}, {"rollout_correction": {"level": "token"}}])
 def test_the_scoring_forward_runs_when_the_update_cannot_replace_it(model_dir, algo):
     learner = make_learner(model_dir, **algo)
     batch = fsdp_common.toy_batch(seed=5, n=8)

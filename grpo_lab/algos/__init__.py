@@ -9,6 +9,8 @@ One registry per concept; dispatch by name only through them:
     PREFERENCE_LOSSES     dpo, ipo
     PAIRINGS              best_worst, all_pairs
     RANKING_LOSSES        bradley_terry, plackett_luce   (reward models: scalar scores of ranked completions)
+    ROLLOUT_CORRECTION_LEVELS  token, sequence, geometric    (engine/learner mismatch weights)
+    ROLLOUT_CORRECTION_MODES   truncate, mask
 """
 
 from .advantages import (
@@ -32,9 +34,7 @@ from .policy_losses import (
     gspo,
     gspo_token,
     log_ratio_stats,
-    logprob_mismatch_metrics,
     sapo,
-    truncated_is_weights,
     vanilla_pg,
 )
 from .preference import (
@@ -47,6 +47,13 @@ from .preference import (
     sequence_logps,
 )
 from .ranking import RANKING_LOSSES, bradley_terry_loss, plackett_luce_loss
+from .rollout_correction import (
+    ROLLOUT_CORRECTION_LEVELS,
+    ROLLOUT_CORRECTION_MODES,
+    effective_sample_size,
+    logprob_mismatch_metrics,
+    rollout_correction_weights,
+)
 from .shaping import (
     best_of_group_mask,
     ema_reward_normalize,
@@ -65,6 +72,8 @@ __all__ = [
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "RANKING_LOSSES",
+    "ROLLOUT_CORRECTION_LEVELS",
+    "ROLLOUT_CORRECTION_MODES",
     "aggregate",
     "bradley_terry_loss",
     "cispo",
@@ -74,6 +83,7 @@ __all__ = [
     "clipped_value_loss",
     "dpo_loss",
     "dppo",
+    "effective_sample_size",
     "ema_reward_normalize",
     "entropy_from_logits",
     "gae",
@@ -96,9 +106,9 @@ __all__ = [
     "logprob_mismatch_metrics",
     "reinforce_pp",
     "rloo",
+    "rollout_correction_weights",
     "sapo",
     "sequence_logps",
     "soft_overlong_penalty",
-    "truncated_is_weights",
     "vanilla_pg",
 ]

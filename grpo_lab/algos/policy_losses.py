@@ -14,7 +14,8 @@ loss writes its own formula between two calls that frame every loss the same way
 
 ``logprobs`` carry the gradient; ``old_logprobs`` are the learner's log-probs under the policy
 that sampled the batch (detached). ``loss_mat`` is 0 on masked positions, and masked inputs
-never reach it. ``is_weights`` (e.g. :func:`truncated_is_weights`) multiplies the per-token loss.
+never reach it. ``is_weights`` (the rollout correction's, ``rollout_correction.py``) multiplies the
+per-token loss.
 Metrics are detached means over this call's real tokens: ``clip_frac_low`` / ``clip_frac_high``
 (the clipped term is the one the min picks, at the lower / upper bound), ``dual_clip_frac``,
 ``ratio_mean``, ``ppo_kl`` (mean of old - new log-prob). Every loss reports ``clip_frac_low`` /
@@ -46,7 +47,6 @@ import torch
 from torch import Tensor
 
 from ._utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
-from .kl import kl_k3
 from grpo_lab.registry import Registry
 
 # Fact on each entry: `zero_at_zero_advantage` -- a token with A_t = 0 gets loss 0 and gradient 0 whatever
@@ -485,50 +485,3 @@ def log_ratio_stats(logprobs: Tensor, old_logprobs: Tensor, response_mask: Tenso
     return {"log_ratio_std": var.clamp(min=0).sqrt(),
             "log_ratio_abs_max": lr.abs().max() if lr.numel() else _zero(lr)}
 
-
-def truncated_is_weights(
-    learner_old_logprobs: Tensor,
-    sampler_logprobs: Tensor,
-    response_mask: Tensor,
-    cap: float,
-) -> Tensor:
-    """Truncated importance-sampling weights for rollout-engine / learner mismatch (TIS).
-
-        w_t = min(pi_learner_old(y_t) / pi_sampler(y_t), cap) = min(exp(logp_learner - logp_sampler), cap)
-
-    The sampler (e.g. vLLM in bf16) and the learner compute slightly different probabilities, so
-    "on-policy" data is in fact off-policy; reweighting by the truncated ratio corrects most of it
-    (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
-    Detached (a weight, not a gradient path); 0 on masked positions.
-
-    Shapes: learner_old_logprobs, sampler_logprobs, response_mask [N, T] -> [N, T].
-    """
-    if cap <= 0:
-        raise ValueError(f"TIS cap must be > 0 (Yao et al. use 2), got {cap}")
-    mask = as_bool_mask(response_mask)
-    log_ratio = _clean(learner_old_logprobs - sampler_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return _clean(torch.exp(log_ratio).clamp(max=cap), mask).detach()
-
-
-def logprob_mismatch_metrics(
-    learner_logprobs: Tensor,
-    sampler_logprobs: Tensor,
-    response_mask: Tensor,
-) -> dict[str, Tensor]:
-    """How far the sampler's log-probs are from the learner's, over real tokens.
-
-    Returns detached scalars: ``logprob_abs_diff_mean``, ``logprob_abs_diff_max`` (0 if no real
-    token) and ``kl_k3``: the k3 estimate of KL(pi_sampler || pi_learner), the right direction
-    since the tokens were sampled from the sampler.
-
-    Shapes: learner_logprobs, sampler_logprobs, response_mask [N, T].
-    """
-    mask = as_bool_mask(response_mask)
-    learner = _clean(learner_logprobs.detach(), mask)
-    sampler = _clean(sampler_logprobs.detach(), mask)
-    abs_diff = (learner - sampler).abs()  # 0 on padding
-    return {
-        "logprob_abs_diff_mean": masked_mean(abs_diff, mask),
-        "logprob_abs_diff_max": abs_diff.max() if abs_diff.numel() else _zero(abs_diff),
-        "kl_k3": masked_mean(kl_k3(sampler, learner), mask),
-    }

@@ -16,13 +16,29 @@ from __future__ import annotations
 
 import torch
 
-from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate,
-                            best_of_group_mask, linear_warmup, log_ratio_stats)
+from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES,
+                            ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTION_MODES, aggregate, best_of_group_mask,
+                            linear_warmup, log_ratio_stats)
 from grpo_lab.registry import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 
 # Where the KL(π || π_ref) penalty acts (algorithm.kl.placement).
 KL_PLACEMENTS = ("loss", "reward")
+
+
+def check_rollout_correction(rc, errors: list[str]) -> None:
+    """algorithm.rollout_correction: a registered level (or null = off) and mode, and bounds that leave a
+    perfect engine/learner match (weight 1) untouched: lower <= 1 <= upper."""
+    key = "algorithm.rollout_correction"
+    if rc.level is not None and not check_registered(ROLLOUT_CORRECTION_LEVELS, rc.level, f"{key}.level", errors):
+        errors[-1] += "; or null for no correction"
+    check_registered(ROLLOUT_CORRECTION_MODES, rc.mode, f"{key}.mode", errors)
+    if not rc.upper >= 1.0:
+        errors.append(f"{key}.upper={rc.upper} must be >= 1, so that a token the engine and the learner agree on "
+                      "(weight 1) keeps its weight (Yao et al.'s TIS uses 2)")
+    if rc.lower is not None and not 0.0 < rc.lower <= 1.0:
+        errors.append(f"{key}.lower={rc.lower} must lie in (0, 1], or be null for no lower bound (verl's Seq-MIS "
+                      "uses 0.5)")
 
 
 class PolicyGradient(Objective):
@@ -89,8 +105,7 @@ class PolicyGradient(Objective):
         if a.cispo_clip_low is not None and not a.cispo_clip_low >= 0:
             errors.append(f"algorithm.cispo_clip_low={a.cispo_clip_low} must be >= 0, or null for no lower bound "
                           "(MiniMax-M1's choice)")
-        if a.tis_cap is not None and not a.tis_cap >= 1.0:
-            errors.append(f"algorithm.tis_cap={a.tis_cap} must be >= 1 (typical 2) or null")
+        check_rollout_correction(a.rollout_correction, errors)
         if a.entropy_coef < 0:
             errors.append(f"algorithm.entropy_coef={a.entropy_coef} must be >= 0 (a bonus; 0 = off)")
         if a.sft_anchor_coef < 0 or a.sft_anchor_warmup < 0:
