@@ -157,15 +157,18 @@ class PolicyGradient(Objective):
     def rows_without_gradient(self, minibatch, algo):
         """Rows that add exactly nothing to the loss below: no token left in `loss_mask` (every term is
         aggregated over it: DAPO's overlong filter, padding), or, when no term but the policy loss acts
-        on a token (no entropy bonus, no KL in the loss) and the registered policy loss is 0 at A = 0,
-        advantages all 0 (a group whose rewards agree: GRPO's, RLOO's and Dr.GRPO's baselines give
-        exactly 0). A row the best-of-group anchor trains on is never one of them. The normalisers
+        on a token (no entropy bonus, no KL in the loss), advantages all 0 when the registered policy loss
+        is 0 at A = 0 (a group whose rewards agree: GRPO's, RLOO's and Dr.GRPO's baselines give exactly 0),
+        or rollout-correction weights all 0 (an answer masked whole: level=sequence|geometric mode=mask). A row the best-of-group anchor trains on is never one of them. The normalisers
         stay minibatch-wide, so the sum over the other rows is the whole minibatch's loss."""
         loss_tokens = minibatch["loss_mask"] > 0                             # [n, T]
         silent = ~loss_tokens.any(-1)
         only_policy_loss = algo.entropy_coef == 0 and not (algo.kl.coef > 0 and algo.kl.placement == "loss")
         if only_policy_loss and POLICY_LOSSES.fact(algo.policy_loss, "zero_at_zero_advantage"):
             silent |= ~((minibatch["advantages"] != 0) & loss_tokens).any(-1)
+        if only_policy_loss and "is_weights" in minibatch:
+            # The rollout correction's weights multiply the policy loss only: an answer it masked whole adds nothing.
+            silent |= ~((minibatch["is_weights"] != 0) & loss_tokens).any(-1)
         if "anchor_weight" in minibatch:
             silent &= minibatch["anchor_weight"] == 0
         return silent
