@@ -306,7 +306,6 @@ def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_m
     return _finish(loss, mask, is_weights, log_ratio, metrics)
 
 
-
 @POLICY_LOSSES.register("gmpo")
 def gmpo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
          gmpo_log_clip_low: float, gmpo_log_clip_high: float,
@@ -325,7 +324,8 @@ def gmpo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_ma
     A_i. The loss of sequence i is broadcast over its real tokens, so ``seq_mean_token_mean``
     aggregation gives the paper's 1/G sum_i -A_i s'_i (its released code updates one sequence at a
     time and averages). Paper values: eps_low = eps_high = 0.4, i.e. ratios in (e^-0.4, e^0.4) =
-    (0.670, 1.492), clipped per token (the paper's ablation finds a sequence-level clip worse).
+    (0.670, 1.492), wider than GRPO's (0.8, 1.2), clipped per token (the released code keeps a
+    sequence-level clip only as an ablation).
 
     The sign-aware clip is the released code's (``train_zero_math_gmpo.py``) and verl's
     ``geo_mean`` loss: for A > 0 a token whose log-ratio exceeds eps_high adds no more to the
