@@ -65,7 +65,7 @@ bench-algorithms-smollm2: venv ## ppo (critic) vs grpo, rloo, gspo on the SmolLM
 # JOBS=2: parallel jobs. SCALE=full: the conf/experiment GPU recipe. ARGS: e.g. --report-only.
 # A table stopped mid-way (killed, machine off) continues when its command runs again: finished runs
 # are kept, interrupted ones resume from their newest checkpoint (the table's checkpoint_every).
-.PHONY: table-group-size table-dapo table-algorithms table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-noise table-noise-length table-noise-remedy table-critique table-overoptimization table-status readme-tables
+.PHONY: table-group-size table-dapo table-algorithms table-losses table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-mismatch table-noise table-noise-length table-noise-remedy table-critique table-overoptimization table-status readme-tables
 
 table-status: venv ## Each run of a table: done / running / interrupted / failed / to do, and the time left: make table-status NAME=dapo [SMOKE=1]
 	@test -n "$(NAME)" || { echo "usage: make table-status NAME=<table in conf/table> [SMOKE=1]"; exit 2; }
@@ -79,6 +79,9 @@ table-dapo: venv ## Table: DAPO ladder (arXiv 2503.14476 Table 1), GRPO -> ... -
 
 table-algorithms: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++, PPO + matched-compute SFT control
 	$(PY) scripts/make_table.py algorithms $(ARGS)
+
+table-losses: venv ## Table: CISPO, GMPO, SAPO, DPPO vs GRPO, DAPO, GSPO (4 minibatches each), with ratio spread, clipped/gated share, entropy
+	$(PY) scripts/make_table.py losses $(ARGS)
 
 table-std-norm: venv ## Table: advantage std normalisation: group std vs none (Dr.GRPO) vs batch std
 	$(PY) scripts/make_table.py std_norm $(ARGS)
@@ -109,6 +112,9 @@ table-overoptimization: venv ## Table: GRPO, PPO, RLOO, group DPO against a good
 
 table-smollm2: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO on SmolLM2-135M-Instruct, 2 seeds (about 8 h on 2 CPU cores; resumes where it stopped)
 	$(PY) scripts/make_table.py smollm2 $(ARGS)
+
+table-mismatch: venv ## Table: engine/learner mismatch on SmolLM2-135M: no correction, token TIS, sequence MIS, geometric mask, 2 seeds (hours; resumes)
+	$(PY) scripts/make_table.py mismatch $(ARGS)
 
 readme-tables: venv ## Regenerate tables/README.md's list of tables from tables/*.md and *_findings.json
 	$(PY) -m grpo_lab.tables.readme

@@ -147,6 +147,11 @@ def _check_algorithm(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     if check_registered(OBJECTIVES, a.objective, "algorithm.objective", errors):
         OBJECTIVES.get(a.objective).check(cfg, errors)   # the objective's own settings (and G it needs)
     _check(a.kl.coef >= 0.0, f"algorithm.kl.coef={a.kl.coef} must be >= 0 (0 = no reference model)", errors)
+    # A retired key: refused with the spelling that replaces it, so an old config or command line says what to write.
+    _check(a.tis_cap is None,
+           f"algorithm.tis_cap={a.tis_cap} was replaced by algorithm.rollout_correction: remove algorithm.tis_cap "
+           f"and set algorithm.rollout_correction.level=token algorithm.rollout_correction.mode=truncate "
+           f"algorithm.rollout_correction.upper={a.tis_cap} (the same truncated importance sampling)", errors)
     _check(a.epochs >= 1 and a.minibatches >= 1,
            f"algorithm.epochs={a.epochs} and algorithm.minibatches={a.minibatches} must be >= 1", errors)
     _check(a.adv_eps >= 0.0, f"algorithm.adv_eps={a.adv_eps} must be >= 0", errors)

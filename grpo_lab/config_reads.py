@@ -85,6 +85,9 @@ _SWITCHED: dict[str, Switch] = {
                                           "algorithm.sft_anchor_coef > 0"),
     **{f"algorithm.critic.{k}": Switch(lambda c: _at(c, "algorithm.critic.enabled"), "algorithm.critic.enabled=true")
        for k in ("lr", "value_clip", "coef", "model_path")},
+    **{f"algorithm.rollout_correction.{k}": Switch(lambda c: _at(c, "algorithm.rollout_correction.level") is not None,
+                                                   "algorithm.rollout_correction.level=token|sequence|geometric")
+       for k in ("mode", "upper", "lower")},
     **{f"learner.lora.{k}": Switch(lambda c: _at(c, "learner.lora.rank") > 0, "learner.lora.rank > 0")
        for k in ("alpha", "dropout", "target_modules")},
 }

@@ -52,6 +52,21 @@ class DynamicSamplingConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    # Correct for the rollout engine / learner mismatch (and a stale engine, trainer.max_staleness=1) with
+    # weights from ρ_t = π_learner(y_t) / π_engine(y_t) (grpo_lab/algos/rollout_correction.py): null = off
+    # (the loss's π_old is then the engine's logprobs); token (ρ_t each), sequence (Π_t ρ_t per answer) or
+    # geometric (exp of the mean log ρ_t per answer). Works with every policy loss.
+    level: Optional[str] = None
+    # truncate: clamp each weight to [lower, upper] (TIS); mask: weight 0 for a token/answer outside them.
+    mode: str = "truncate"
+    # Upper bound, >= 1 (Yao et al.'s TIS cap 2; TRL's default 3).
+    upper: float = 2.0
+    # Lower bound in (0, 1]; null = none (e.g. 0.5 for verl's Seq-MIS, 0.999 for its geometric rejection).
+    lower: Optional[float] = None
+
+
+@dataclass
 class CriticConfig:
     # Train a value model (PPO). Needed by the "gae" advantage estimator.
     enabled: bool = False
@@ -107,6 +122,25 @@ class AlgorithmConfig:
     clip_high: float = 0.2
     # Dual-clip constant c > 1 for negative advantages (arXiv 1912.09729); null = off.
     dual_clip: Optional[float] = None
+    # CISPO (arXiv 2506.13585): the detached IS weight is clipped to [1 − cispo_clip_low, 1 + cispo_clip_high];
+    # null = no lower bound (MiniMax-M1 sets ε_low^IS large and tunes only ε_high^IS).
+    cispo_clip_low: Optional[float] = None
+    # CISPO's ε_high^IS (verl's example 0.2; TRL's ε_max = 5 is cispo_clip_high = 4).
+    cispo_clip_high: float = 0.2
+    # GMPO (arXiv 2507.20673): each token's log-ratio is clipped to [−gmpo_log_clip_low, gmpo_log_clip_high]
+    # (log space; the paper's 0.4 each is a ratio range (e^-0.4, e^0.4)), sign-aware as PPO's clip.
+    gmpo_log_clip_low: float = 0.4
+    gmpo_log_clip_high: float = 0.4
+    # SAPO (arXiv 2511.20347): temperature τ of the soft gate σ(τ(r − 1))·4/τ for tokens with A > 0 / A ≤ 0
+    # (paper 1.0 and 1.05: the gate decays faster for negative advantages).
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    # DPPO-Binary-TV (arXiv 2602.04879): drop a token's gradient when π − π_old > dppo_delta_high with A > 0,
+    # or < −dppo_delta_low with A < 0 (a total-variation trust region; the released recipe uses 0.15 each).
+    dppo_delta_low: float = 0.15
+    dppo_delta_high: float = 0.15
+    # DPPO: cap C of its detached ratio weight min(r, C) (the authors' code 10; verl's example 10000); null = none.
+    dppo_ratio_cap: Optional[float] = 10.0
     # Loss aggregation mode (grpo_lab/algos/aggregation.py).
     aggregation: str = "token_mean"
     # Updates per rollout batch: μ epochs × minibatches; the sampler's logprobs are π_old throughout.
@@ -117,7 +151,9 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
-    # Truncated importance-sampling correction for rollout/learner mismatch: cap C; null = off.
+    # Rollout-engine / learner mismatch correction (token / sequence / geometric weights, truncated or masked).
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    # Retired: replaced by rollout_correction (tis_cap=C is level=token mode=truncate upper=C); a value is refused.
     tis_cap: Optional[float] = None
     critic: CriticConfig = field(default_factory=CriticConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)

@@ -23,6 +23,20 @@ CATALOGUE = [
     (['algorithm.clip_high=0'], 'algorithm.clip_high'),
     (['algorithm.dual_clip=0.5'], 'algorithm.dual_clip'),
     (['algorithm.tis_cap=0.5'], 'algorithm.tis_cap'),
+    (['algorithm.cispo_clip_high=0'], 'algorithm.cispo_clip_high'),
+    (['algorithm.cispo_clip_low=-1'], 'algorithm.cispo_clip_low'),
+    (['algorithm.gmpo_log_clip_high=0'], 'algorithm.gmpo_log_clip_high'),
+    (['algorithm.sapo_tau_neg=0'], 'algorithm.sapo_tau_neg'),
+    (['algorithm.dppo_delta_high=1.5'], 'algorithm.dppo_delta_high'),
+    (['algorithm.dppo_ratio_cap=0.5'], 'algorithm.dppo_ratio_cap'),
+    (['algorithm.rollout_correction.level=tokens'], 'algorithm.rollout_correction.level'),
+    (['algorithm.rollout_correction.level=token', 'algorithm.rollout_correction.mode=clip'],
+     'algorithm.rollout_correction.mode'),
+    (['algorithm.rollout_correction.level=token', 'algorithm.rollout_correction.upper=0.5'],
+     'algorithm.rollout_correction.upper'),
+    (['algorithm.rollout_correction.level=sequence', 'algorithm.rollout_correction.lower=2'],
+     'algorithm.rollout_correction.lower'),
+    (['algorithm=dpo', 'algorithm.rollout_correction.level=token'], 'algorithm.rollout_correction.level'),
     (['algorithm.kl.coef=-1'], 'algorithm.kl.coef'),
     (['algorithm.kl.placement=middle'], 'algorithm.kl.placement'),
     (['algorithm.kl.estimator=k4'], 'algorithm.kl.estimator'),
@@ -136,6 +150,16 @@ def test_bad_value_fails_before_anything_loads_naming_the_key(overrides, key):
 
 def test_the_default_config_is_valid():
     validate(compose_cfg([]))
+
+
+def test_the_retired_tis_cap_is_refused_with_its_replacement():
+    """algorithm.tis_cap=C (before algorithm.rollout_correction) is refused with the exact spelling that does the
+    same, and that spelling validates."""
+    (problem,) = [p for p in _problems(["algorithm.tis_cap=2"]) if "tis_cap" in p]
+    replacement = ("algorithm.rollout_correction.level=token algorithm.rollout_correction.mode=truncate "
+                   "algorithm.rollout_correction.upper=2.0")
+    assert replacement in problem and "remove algorithm.tis_cap" in problem
+    validate(compose_cfg(replacement.split()))
 
 
 def test_a_group_switch_does_not_carry_over_generator_kwargs():

@@ -1,5 +1,6 @@
 """The learner: the reference model exists only when read, gradient accumulation does not change
-the update, several updates per batch make clipping bind, and the critic trains."""
+the update, several updates per batch make clipping bind, the critic trains, and the rollout
+correction's weights reach every policy loss (and change nothing when engine and learner agree)."""
 
 import copy
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from grpo_lab.algos import POLICY_LOSSES
 from grpo_lab.schema import AlgorithmConfig, LearnerConfig
 from grpo_lab.learner.learner import Learner
 from grpo_lab.objectives import OBJECTIVES
@@ -85,3 +87,57 @@ def test_critic_trains_on_returns(model_dir):
         learner.score(batch)
         losses.append(learner.update(batch)["critic/value_loss"])
     assert losses[-1] < losses[0]
+
+
+def _on_policy_batch(learner, seed=0):
+    """toy_batch whose sampler logprobs are the learner's own (the engine sampled from exactly this policy)."""
+    batch = toy_batch(seed)
+    with torch.no_grad():
+        batch["sampler_logprobs"] = learner.policy_logprobs(batch)[0]
+    return batch
+
+
+def _sgd_delta(learner, batch):
+    learner.optimizer = torch.optim.SGD(learner.policy.parameters(), lr=1.0)
+    before = copy.deepcopy(learner.policy.state_dict())
+    metrics = {**learner.score(batch), **learner.update(batch)}
+    return {k: learner.policy.state_dict()[k] - before[k] for k in before}, metrics
+
+
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES.names())
+def test_rollout_correction_weights_enter_every_policy_loss(model_dir, policy_loss):
+    """With a correction on, score() makes π_old the learner's own logprobs and the weights the loss's
+    is_weights; the update runs for every registered policy loss and reports the correction."""
+    learner = make_learner(model_dir, policy_loss=policy_loss, minibatches=2,
+                           rollout_correction={"level": "token", "mode": "truncate", "upper": 2.0})
+    batch = toy_batch()          # sampler logprobs -1.5 everywhere: far from the model's own
+    delta, metrics = _sgd_delta(learner, batch)
+    assert torch.equal(batch["old_logprobs"], batch["learner_logprobs"])
+    ratio = torch.exp(batch["learner_logprobs"] - batch["sampler_logprobs"]).clamp(max=2.0)
+    torch.testing.assert_close(batch["is_weights"], ratio * batch["response_mask"])
+    for key in ("rollout/correction_weight_mean", "rollout/correction_truncated_frac", "rollout/correction_ess",
+                "rollout/logprob_abs_diff_mean", "rollout/kl_k3", "actor/log_ratio_std"):
+        assert key in metrics and torch.isfinite(torch.tensor(metrics[key])), key
+    assert metrics["rollout/correction_masked_frac"] == 0
+    assert max(d.abs().max() for d in delta.values()) > 0
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+def test_a_perfect_engine_match_leaves_the_update_as_without_correction(model_dir, level):
+    """Engine and learner agree: every weight is 1 and π_old is the same logprobs either way, so the
+    update equals the uncorrected one (plain SGD: the change is minus the gradient)."""
+    deltas = []
+    for correction in ({}, {"level": level, "mode": "mask", "upper": 1.001, "lower": 0.999}):
+        learner = make_learner(model_dir, rollout_correction=correction)
+        deltas.append(_sgd_delta(learner, _on_policy_batch(learner))[0])
+    for k in deltas[0]:
+        torch.testing.assert_close(deltas[1][k], deltas[0][k], atol=1e-6, rtol=1e-4)
+
+
+def test_masking_every_answer_leaves_the_policy_where_it_was(model_dir):
+    """mode=mask with bounds no answer meets: every weight is 0, the loss is 0 and nothing moves."""
+    learner = make_learner(model_dir, rollout_correction={"level": "sequence", "mode": "mask", "upper": 1.0001,
+                                                          "lower": 0.9999})
+    delta, metrics = _sgd_delta(learner, toy_batch())     # sampler logprobs far from the learner's
+    assert metrics["rollout/correction_masked_frac"] == 1 and metrics["rollout/correction_ess"] == 0
+    assert max(d.abs().max() for d in delta.values()) == 0

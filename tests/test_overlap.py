@@ -29,6 +29,24 @@ def test_one_step_stale_pipeline_runs_and_logs_its_staleness(engine, tmp_path, w
     assert max_param_change(start_model_dir(warm_cache), run_dir / "checkpoints" / "final") > 0
 
 
+def test_a_rollout_correction_reweights_the_stale_batches(tmp_path, warm_cache):
+    """trainer.max_staleness=1 with algorithm.rollout_correction: the weights π_learner/π_engine carry the
+    staleness too (the learner scores at the current weights, the engine sampled one update before), so from
+    step 2 on the engine and the learner disagree and the correction truncates some tokens."""
+    run_dir = tmp_path / "run"
+    proc = run_train(["rollout=hf", *OVERLAP, "algorithm.rollout_correction.level=token",
+                      "algorithm.rollout_correction.upper=1.0"], run_dir, warm_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = read_metrics(run_dir)
+    assert_finite_metrics(lines)
+    steps = [m for m in lines if "perf/step_time_s" in m]
+    assert [m["rollout/staleness"] for m in steps] == [0.0, 1.0, 1.0, 1.0]
+    # step 1: one engine and one learner at the same weights (fp32, ~1e-7 apart); later a whole update apart
+    assert steps[0]["rollout/logprob_abs_diff_mean"] < 1e-4
+    assert all(m["rollout/logprob_abs_diff_mean"] > 1e-3 for m in steps[1:])
+    assert all(0 < m["rollout/correction_truncated_frac"] < 1 and m["rollout/correction_ess"] <= 1 for m in steps[1:])
+
+
 def test_resume_with_a_batch_sampled_ahead_equals_the_uninterrupted_run(tmp_path, warm_cache):
     run_dir = tmp_path / "run"
     assert run_train(["rollout=hf", *OVERLAP], run_dir, warm_cache).returncode == 0

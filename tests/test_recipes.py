@@ -50,6 +50,14 @@ DEFINING = {
                      "kl.estimator": "k1", "gamma": 1.0},
     "reinforce_pp_baseline": {"advantage": "group_mean_batch_std", "policy_loss": "clipped_surrogate",
                               "kl.placement": "loss"},
+    "cispo": {"advantage": "group_zscore", "policy_loss": "cispo", "cispo_clip_low": None, "aggregation": "token_mean",
+              "kl.coef": 0.0},
+    "gmpo": {"advantage": "group_zscore", "policy_loss": "gmpo", "gmpo_log_clip_low": 0.4, "gmpo_log_clip_high": 0.4,
+             "aggregation": "seq_mean_token_mean", "kl.coef": 0.0},
+    "sapo": {"advantage": "group_zscore", "policy_loss": "sapo", "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05,
+             "aggregation": "seq_mean_token_mean", "kl.coef": 0.0},
+    "dppo": {"advantage": "group_mean", "policy_loss": "dppo", "dppo_delta_low": 0.15, "dppo_delta_high": 0.15,
+             "aggregation": "seq_mean_token_sum_norm", "kl.coef": 0.0},
     "dpo": {"objective": "preference", "preference.loss": "dpo", "preference.pairing": "best_worst",
             "preference.beta": 0.1, "preference.pairs": "policy"},
     "ipo": {"objective": "preference", "preference.loss": "ipo", "preference.pairing": "best_worst"},
@@ -155,7 +163,8 @@ def test_recipe_two_steps_end_to_end(name, tmp_path, shared_cache, monkeypatch, 
 
     # On-policy path: one update per batch from the engine's own samples, so the ratio is 1 and
     # nothing is clipped (HF engine and learner agree in fp32 to ~1e-7 per token).
-    if a.objective == "policy_gradient" and a.epochs == 1 and a.minibatches == 1 and a.tis_cap is None:
+    if a.objective == "policy_gradient" and a.epochs == 1 and a.minibatches == 1 \
+            and a.rollout_correction.level is None:
         for m in steps:
             assert m["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
             assert m["actor/clip_frac_low"] == 0 and m["actor/clip_frac_high"] == 0

@@ -393,6 +393,14 @@ def test_table_cells_by_hand(sweep, tmp_path):
     assert "## Data warnings" in md and "skipped 1 unparsable line(s)" in md
 
 
+def test_drop_from_best_by_hand(sweep, tmp_path):
+    md = build_report(sweep, tmp_path / "t", target=0.6, columns=["final_acc", "drop_from_best"])["markdown"]
+    assert md_row(md, "algorithm")[3] == "Drop from best (pp)"
+    # grpo: best 0.55, 0.6, 0.7 and final 0.5, 0.6, 0.7 -> drops 0.05, 0, 0: mean 0.016667, s = 0.0288675,
+    # half = 4.302653 * 0.0288675 / sqrt(3) = 0.0717109 -> "+1.7 ± 7.2" points
+    assert md_row(md, "grpo")[3] == "+1.7 ± 7.2"
+
+
 def test_csv_round_trip(sweep, tmp_path):
     res = build_report(sweep, tmp_path / "t", target=0.6)
     with open(res["csv"], newline="") as f:

@@ -139,7 +139,7 @@ def test_the_update_without_a_scoring_forward_equals_the_update_with_it(model_di
     assert max(d.abs().max() for d in d_fast.values()) > 0
 
 
-@pytest.mark.parametrize("algo", [{"epochs": 2}, {"minibatches": 2}, {"tis_cap": 2.0}])
+@pytest.mark.parametrize("algo", [{"epochs": 2}, {"minibatches": 2}, {"rollout_correction": {"level": "token"}}])
 def test_the_scoring_forward_runs_when_the_update_cannot_replace_it(model_dir, algo):
     learner = make_learner(model_dir, **algo)
     batch = fsdp_common.toy_batch(seed=5, n=8)
@@ -180,6 +180,12 @@ def test_rows_without_gradient_by_hand():
     anchored["anchor_weight"] = torch.zeros(len(batch))
     anchored["anchor_weight"][[4, 7]] = 1.0
     assert silent(algo(), anchored) == [0, 1, 5]
+    # An answer the rollout correction masked whole (weights 0: row 9) adds nothing, unless another term acts.
+    masked = copy.deepcopy(batch)
+    masked["is_weights"] = torch.ones_like(batch["loss_mask"])
+    masked["is_weights"][9] = 0.0
+    assert silent(algo(), masked) == [0, 1, 4, 5, 7, 9]
+    assert silent(algo(entropy_coef=0.01), masked) == [7]
     # Preference objectives claim none.
     assert not OBJECTIVES.get("preference").rows_without_gradient(batch, algo()).any()
 

@@ -125,13 +125,30 @@ def _overoptimization(row: dict, scale: str) -> dict:
             **({"algorithm.kl.coef": 0.05} if name.endswith("_kl") else {})}
 
 
+
+def _losses(row: dict, scale: str) -> dict:
+    """Each row its algorithm's recipe, and 4 minibatches a step for all (without which no trust region acts)."""
+    return {"algorithm.name": row["variant"], "algorithm.minibatches": 4}
+
+
+def _mismatch(row: dict, scale: str) -> dict:
+    """none / token_tis / seq_mis / geo_mask: GRPO with only algorithm.rollout_correction changed."""
+    level, mode, lower, upper = {"none": (None, "truncate", None, None), "token_tis": ("token", "truncate", None, 2.0),
+                                 "seq_mis": ("sequence", "mask", 0.5, 2.0),
+                                 "geo_mask": ("geometric", "mask", 0.98, 1.02)}[row["variant"]]
+    out = {"algorithm.name": "grpo", "algorithm.rollout_correction.level": level}
+    if level is not None:
+        out.update({"algorithm.rollout_correction.mode": mode, "algorithm.rollout_correction.upper": upper,
+                    **({"algorithm.rollout_correction.lower": lower} if lower is not None else {})})
+    return out
+
 # Table -> what a row (its variant name and sweep values) claims its composed run sets, by scale
 # ("lab", "full", "smoke"). A new table says here what its rows are.
 CLAIMS: dict[str, Callable[[dict, str], dict]] = {
     "noise": _noise, "noise_remedy": _noise_remedy, "noise_length": _noise_length, "critique": _critique,
     "kl": _kl, "clip": _clip, "dapo": _dapo, "group_size": _group_size, "async": _async, "std_norm": _std_norm,
     "algorithms": _algorithm_rows, "smollm2": _algorithm_rows, "tasks": _algorithm_rows,
-    "overoptimization": _overoptimization,
+    "overoptimization": _overoptimization, "losses": _losses, "mismatch": _mismatch,
 }
 
 

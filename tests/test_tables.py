@@ -31,9 +31,9 @@ EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.
 # scale only (lab_only_sweep), so their full-scale recipes run half as many.
 EXPECTED_JOBS = {"group_size": (12, 12), "dapo": (36, 18), "algorithms": (21, 21), "std_norm": (18, 9),
                  "clip": (36, 18), "kl": (15, 15), "async": (9, 9), "tasks": (30, 30), "smollm2": (8, 8),
-                 "overoptimization": (30, 30)}
-# The real-model table runs 2 seeds (each of its runs costs many times a tiny-model run); the others 3.
-SEEDS = {"smollm2": [0, 1]}
+                 "overoptimization": (30, 30), "losses": (21, 21), "mismatch": (8, 8)}
+# The real-model tables run 2 seeds (each of their runs costs many times a tiny-model run); the others 3.
+SEEDS = {"smollm2": [0, 1], "mismatch": [0, 1]}
 
 
 def test_the_issue_tables_exist():
@@ -1098,6 +1098,8 @@ def test_threshold_verdicts_by_hand(expect, mean, half, verdict):
     ("{name: x, terms: {'algorithm=sac a': 1}, expect: '> 0'}", "'algorithm=sac' selects no row"),
     ("{name: x, terms: {'algorithm=ppo z': 1}, expect: '> 0'}", "'z' is not a variant"),
     ("{name: x, terms: {'algorithm=ppo a': 1}, relative_to: 'q', expect: '> 0'}", "'q' is not a variant"),
+    ("{name: x, terms: {'algorithm=ppo a': 1}, expect: '> 0', column: 'mean:actor/entropy'}",
+     "column='mean:actor/entropy' must also be one of `columns`"),
 ])
 def test_bad_contrasts_fail_with_a_clear_message(tmp_path, contrast, message):
     body = ("title: t\npaper_finding: p\nsweep: {algorithm: 'ppo,grpo'}\nwithin: [algorithm]\n"
@@ -1139,3 +1141,47 @@ def test_contrasts_across_blocks_in_the_table(tmp_path):
     assert found["x_vs_y"]["seeds"] == 3 and found["x_vs_y"]["mean"] == pytest.approx(0.52 / 3)
     assert found["x_vs_y"]["verdict"] == "reproduced" and found["y_rel"]["verdict"] == "reproduced"
     assert "| x drops less | x_vs_y: 1·[algorithm=x b] − 1·[algorithm=x a] − 1·[algorithm=y b] + 1·[algorithm=y a] |" in md
+
+
+def test_a_contrast_of_a_column_pairs_each_runs_value_by_seed(tmp_path):
+    """A contrast with `column`: per seed, the named column of each term's run (a logged metric's mean, the
+    steps to the target) instead of the final accuracy; a seed whose run never reached the target leaves it."""
+    spec = load_spec(write_spec(tmp_path, """
+        title: contrasts of columns
+        paper_finding: "b keeps its ratios closer to 1 and gets there sooner (arXiv 0000.00000)"
+        variants:
+          - {name: a, overrides: [rollout.temperature=1.0]}
+          - {name: b, overrides: [rollout.temperature=0.9]}
+        baseline: a
+        target: 0.6
+        x: step
+        columns: [final_acc, steps_to_target, "mean:actor/log_ratio_std"]
+        contrasts:
+          - {name: steadier, claim: "b's log-ratios spread less", expect: "< 0", column: "mean:actor/log_ratio_std",
+             terms: {b: 1, a: -1}}
+          - {name: sooner, claim: "b reaches 60 % in fewer steps", expect: "< 0", column: steps_to_target,
+             terms: {b: 1, a: -1}}
+    """))
+    plan = make_plan(spec, runs_root=tmp_path / "runs", tables_root=tmp_path / "tables")
+    # (log-ratio std logged at steps 50 and 100, the step the accuracy reached 0.6, or None)
+    values = {"a": [(0.30, 0.34, 100), (0.31, 0.33, 100), (0.29, 0.33, None)],
+              "b": [(0.10, 0.12, 50), (0.11, 0.13, 50), (0.12, 0.12, 100)]}
+    for variant, per_seed in values.items():
+        for seed, (std1, std2, reached) in enumerate(per_seed):
+            d = plan.runs_dir / f"{variant}{seed}"
+            _fake_run(d, variant, seed, 0.7 if reached else 0.55)
+            lines = [{"step": 50, "samples": 12800, "actor/log_ratio_std": std1,
+                      "eval/accuracy": 0.65 if reached == 50 else 0.5},
+                     {"step": 100, "samples": 25600, "actor/log_ratio_std": std2,
+                      "eval/accuracy": 0.65 if reached else 0.52}]
+            with open(d / "metrics.jsonl", "a") as f:
+                f.write("".join(json.dumps(m) + "\n" for m in lines))
+    result = build(plan, header_extra={"command": "test"}, launch_notes=[])
+    found = result["findings"]["contrasts"]
+    # mean std per run: a 0.32, 0.32, 0.31; b 0.11, 0.12, 0.12 -> b - a = -0.21, -0.20, -0.19
+    assert found["steadier"]["seeds"] == 3 and found["steadier"]["mean"] == pytest.approx(-0.20)
+    assert found["steadier"]["verdict"] == "reproduced" and found["steadier"]["column"] == "mean:actor/log_ratio_std"
+    # steps to 60 %: a 100, 100, never; b 50, 50, 100 -> seeds 0 and 1 only: -50, -50
+    assert found["sooner"]["seeds"] == 2 and found["sooner"]["mean"] == pytest.approx(-50)
+    md = result["md"].read_text()
+    assert "| b's log-ratios spread less | steadier: mean:actor/log_ratio_std of 1·[b] − 1·[a] |" in md

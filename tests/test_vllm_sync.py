@@ -22,7 +22,7 @@ ROLLOUT = rollout_section(engine="vllm", gpu_memory_utilization=0.1, max_model_l
                           dtype="float32", kv_cache_bytes=VLLM_KV_CACHE_BYTES)
 ALGO = OmegaConf.merge(OmegaConf.structured(AlgorithmConfig), dict(
     name="grpo", objective="policy_gradient", policy_loss="clipped_surrogate", clip_low=0.2, clip_high=0.2,
-    dual_clip=None, aggregation="token_mean", epochs=1, minibatches=1, entropy_coef=0.0, tis_cap=None,
+    dual_clip=None, aggregation="token_mean", epochs=1, minibatches=1, entropy_coef=0.0,
     kl=dict(coef=0.0, estimator="k3", placement="loss"), critic=dict(enabled=False)))
 LEARNER = OmegaConf.merge(OmegaConf.structured(LearnerConfig), dict(
     device="cpu", lr=3e-2, weight_decay=0.0, grad_clip=0.0, micro_batch_size=16, total_steps=10))

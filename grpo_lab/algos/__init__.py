@@ -3,12 +3,14 @@
 One registry per concept; dispatch by name only through them:
 
     ADVANTAGE_ESTIMATORS  group_zscore, group_mean, group_mean_batch_std, rloo, reinforce_pp, gae
-    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg
+    POLICY_LOSSES         clipped_surrogate, gspo, gspo_token, vanilla_pg, cispo, gmpo, sapo, dppo
     KL_ESTIMATORS         k1, k2, k3
     AGGREGATIONS          token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm
     PREFERENCE_LOSSES     dpo, ipo
     PAIRINGS              best_worst, all_pairs
     RANKING_LOSSES        bradley_terry, plackett_luce   (reward models: scalar scores of ranked completions)
+    ROLLOUT_CORRECTION_LEVELS  token, sequence, geometric    (engine/learner mismatch weights)
+    ROLLOUT_CORRECTION_MODES   truncate, mask
 """
 
 from .advantages import (
@@ -25,11 +27,14 @@ from .entropy import entropy_from_logits
 from .kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from .policy_losses import (
     POLICY_LOSSES,
+    cispo,
     clipped_surrogate,
+    dppo,
+    gmpo,
     gspo,
     gspo_token,
-    logprob_mismatch_metrics,
-    truncated_is_weights,
+    log_ratio_stats,
+    sapo,
     vanilla_pg,
 )
 from .preference import (
@@ -42,6 +47,13 @@ from .preference import (
     sequence_logps,
 )
 from .ranking import RANKING_LOSSES, bradley_terry_loss, plackett_luce_loss
+from .rollout_correction import (
+    ROLLOUT_CORRECTION_LEVELS,
+    ROLLOUT_CORRECTION_MODES,
+    effective_sample_size,
+    logprob_mismatch_metrics,
+    rollout_correction_weights,
+)
 from .shaping import (
     best_of_group_mask,
     ema_reward_normalize,
@@ -60,16 +72,22 @@ __all__ = [
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "RANKING_LOSSES",
+    "ROLLOUT_CORRECTION_LEVELS",
+    "ROLLOUT_CORRECTION_MODES",
     "aggregate",
     "bradley_terry_loss",
+    "cispo",
     "plackett_luce_loss",
     "best_of_group_mask",
     "clipped_surrogate",
     "clipped_value_loss",
     "dpo_loss",
+    "dppo",
+    "effective_sample_size",
     "ema_reward_normalize",
     "entropy_from_logits",
     "gae",
+    "gmpo",
     "group_mean",
     "group_mean_batch_std",
     "group_preference_pairs",
@@ -84,11 +102,13 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "linear_warmup",
+    "log_ratio_stats",
     "logprob_mismatch_metrics",
     "reinforce_pp",
     "rloo",
+    "rollout_correction_weights",
+    "sapo",
     "sequence_logps",
     "soft_overlong_penalty",
-    "truncated_is_weights",
     "vanilla_pg",
 ]

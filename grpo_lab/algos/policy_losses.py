@@ -14,10 +14,20 @@ loss writes its own formula between two calls that frame every loss the same way
 
 ``logprobs`` carry the gradient; ``old_logprobs`` are the learner's log-probs under the policy
 that sampled the batch (detached). ``loss_mat`` is 0 on masked positions, and masked inputs
-never reach it. ``is_weights`` (e.g. :func:`truncated_is_weights`) multiplies the per-token loss.
+never reach it. ``is_weights`` (the rollout correction's, ``rollout_correction.py``) multiplies the
+per-token loss.
 Metrics are detached means over this call's real tokens: ``clip_frac_low`` / ``clip_frac_high``
 (the clipped term is the one the min picks, at the lower / upper bound), ``dual_clip_frac``,
-``ratio_mean``, ``ppo_kl`` (mean of old - new log-prob).
+``ratio_mean``, ``ppo_kl`` (mean of old - new log-prob). Every loss reports ``clip_frac_low`` /
+``clip_frac_high`` as the tokens its trust region acted on, low and high side: CISPO the tokens
+whose weight was clipped, GMPO those whose log-ratio was, SAPO those its gate has at least halved,
+DPPO those it masked; each docstring says which.
+
+The losses of 2025-26 (CISPO, GMPO, SAPO, DPPO) take settings of their own (``cispo_clip_high``,
+``gmpo_log_clip_low``, ``sapo_tau_pos``, ``dppo_delta_high``, ...) rather than reusing
+``clip_low``/``clip_high`` as verl does: their bounds mean other things (an IS-weight cap, a log-space
+range, a temperature, a probability difference), and a value meant for one would silently be read by
+another.
 
 Departures / choices:
 
@@ -37,7 +47,6 @@ import torch
 from torch import Tensor
 
 from ._utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
-from .kl import kl_k3
 from grpo_lab.registry import Registry
 
 # Fact on each entry: `zero_at_zero_advantage` -- a token with A_t = 0 gets loss 0 and gradient 0 whatever
@@ -245,49 +254,234 @@ def vanilla_pg(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, respo
     return _finish(loss, mask, is_weights, log_ratio, {"clip_frac_low": zero.clone(), "clip_frac_high": zero.clone()})
 
 
-def truncated_is_weights(
-    learner_old_logprobs: Tensor,
-    sampler_logprobs: Tensor,
-    response_mask: Tensor,
-    cap: float,
-) -> Tensor:
-    """Truncated importance-sampling weights for rollout-engine / learner mismatch (TIS).
+def _check_positive(**settings: float) -> None:
+    for name, value in settings.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
 
-        w_t = min(pi_learner_old(y_t) / pi_sampler(y_t), cap) = min(exp(logp_learner - logp_sampler), cap)
 
-    The sampler (e.g. vLLM in bf16) and the learner compute slightly different probabilities, so
-    "on-policy" data is in fact off-policy; reweighting by the truncated ratio corrects most of it
-    (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training").
-    Detached (a weight, not a gradient path); 0 on masked positions.
+@POLICY_LOSSES.register("cispo")
+def cispo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+          cispo_clip_low: float | None, cispo_clip_high: float,
+          is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO: Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585, §3.1 eq. 4-5).
 
-    Shapes: learner_old_logprobs, sampler_logprobs, response_mask [N, T] -> [N, T].
+        r_t   = exp(logp_t - logp_old_t)
+        w_t   = sg(clip(r_t, 1 - eps_low^IS, 1 + eps_high^IS))      (no lower bound: cispo_clip_low None)
+        L_t   = -w_t A_t logp_t                                     d L_t / d logp_t = -w_t A_t
+
+    PPO's clip drops the gradient of a token whose ratio has left the trust region in the direction
+    of its advantage (the first updates of rare "However"/"Wait" tokens). CISPO clips the *weight*
+    instead, detached, so every token keeps a gradient -A w_t grad logp_t of bounded size. On-policy
+    (r = 1) the gradient is the plain policy gradient -A grad logp. The paper aggregates over all
+    tokens of the group (1 / sum_i |o_i|: ``token_mean``).
+
+    Sources and where they differ: MiniMax-M1 sets no lower bound ("eps_low^IS large") and tunes only
+    eps_high^IS, without stating its value. verl (``compute_policy_loss_cispo``) clamps to
+    [1 - clip_ratio_low, 1 + clip_ratio_high], its example using 10 (no lower bound) and 0.2; TRL
+    (``loss_type="cispo"``) caps at min(r, epsilon_high) with no lower bound, epsilon_high read as an
+    absolute cap, recommended 5 after ScaleRL (arXiv 2510.13786), i.e. cispo_clip_high = 4 here.
+    We follow the paper's form and verl's parameterisation.
+
+    Only the gradient is meaningful (the value is not a surrogate of the objective). Metrics:
+    ``clip_frac_low`` / ``clip_frac_high`` are the fractions of real tokens whose weight was clipped
+    at the lower / upper bound, whatever the advantage's sign (the gradient is kept either way).
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
     """
-    if cap <= 0:
-        raise ValueError(f"TIS cap must be > 0 (Yao et al. use 2), got {cap}")
-    mask = as_bool_mask(response_mask)
-    log_ratio = _clean(learner_old_logprobs - sampler_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return _clean(torch.exp(log_ratio).clamp(max=cap), mask).detach()
+    _check_positive(cispo_clip_high=cispo_clip_high)
+    if cispo_clip_low is not None and cispo_clip_low < 0:
+        raise ValueError(f"cispo_clip_low must be >= 0 or None (no lower bound), got {cispo_clip_low}")
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
+    log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio.detach())  # [N, T]; a weight: sg(.)
+    lower = None if cispo_clip_low is None else 1.0 - cispo_clip_low
+    weight = ratio.clamp(min=lower, max=1.0 + cispo_clip_high)
+    loss = -weight * advantages * _clean(logprobs, mask)
+    below = ratio < lower if lower is not None else torch.zeros_like(mask)
+    metrics = {"clip_frac_low": masked_mean(below.to(ratio.dtype), mask),
+               "clip_frac_high": masked_mean((ratio > 1.0 + cispo_clip_high).to(ratio.dtype), mask)}
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
 
 
-def logprob_mismatch_metrics(
-    learner_logprobs: Tensor,
-    sampler_logprobs: Tensor,
-    response_mask: Tensor,
-) -> dict[str, Tensor]:
-    """How far the sampler's log-probs are from the learner's, over real tokens.
+@POLICY_LOSSES.register("gmpo")
+def gmpo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+         gmpo_log_clip_low: float, gmpo_log_clip_high: float,
+         is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO: Geometric-Mean Policy Optimization (arXiv 2507.20673, §3 eq. 4 and its released code).
 
-    Returns detached scalars: ``logprob_abs_diff_mean``, ``logprob_abs_diff_max`` (0 if no real
-    token) and ``kl_k3``: the k3 estimate of KL(pi_sampler || pi_learner), the right direction
-    since the tokens were sampled from the sampler.
+        d_t   = logp_t - logp_old_t                                          (token log-ratio)
+        d'_t  = min(d_t, eps_high)      if A_t > 0                           (sign-aware clip in log space,
+        d'_t  = max(d_t, -eps_low)      if A_t < 0                            the pessimistic side as PPO)
+        s'_i  = exp(1/|o_i| sum_t d'_t) = (prod_t clip(r_t))^(1/|o_i|)       (geometric mean of the ratios)
+        L_i,t = -A_i,t s'_i
 
-    Shapes: learner_logprobs, sampler_logprobs, response_mask [N, T].
+    GRPO maximises the arithmetic mean of the token rewards r_t A; GMPO the geometric mean, which
+    one outlier ratio moves far less. The paper writes it as
+    1/G sum_i (prod_t |clip(r_t) A_i|)^(1/|o_i|) sgn(A_i), the same thing for a sequence-constant
+    A_i. The loss of sequence i is broadcast over its real tokens, so ``seq_mean_token_mean``
+    aggregation gives the paper's 1/G sum_i -A_i s'_i (its released code updates one sequence at a
+    time and averages). Paper values: eps_low = eps_high = 0.4, i.e. ratios in (e^-0.4, e^0.4) =
+    (0.670, 1.492), wider than GRPO's (0.8, 1.2), clipped per token (the released code keeps a
+    sequence-level clip only as an ablation).
+
+    The sign-aware clip is the released code's (``train_zero_math_gmpo.py``) and verl's
+    ``geo_mean`` loss: for A > 0 a token whose log-ratio exceeds eps_high adds no more to the
+    objective and no gradient; for A < 0 one below -eps_low. With token-level advantages each token
+    is clipped by its own advantage's sign (the paper defines GMPO for sequence advantages only).
+    On-policy (every d_t = 0) the gradient of the summed loss is the plain policy gradient,
+    -A_t on each token: d(-A s')/d logp_t = -A s' / |o_i| summed over the |o_i| copies.
+
+    Metrics: ``clip_frac_high`` / ``clip_frac_low`` count the tokens whose log-ratio was clipped at
+    eps_high (A > 0) / -eps_low (A < 0); ``ratio_mean`` and ``ppo_kl`` are of the unclipped
+    geometric-mean ratio, broadcast over tokens (as ``gspo``'s). IS weights multiply each token's
+    copy of the sequence loss, so a sequence is weighted by the arithmetic mean of its tokens' weights
+    (verl's ``geo_mean`` takes their geometric mean).
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_positive(gmpo_log_clip_low=gmpo_log_clip_low, gmpo_log_clip_high=gmpo_log_clip_high)
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
+    token_lr = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)   # d_t [N, T]
+    up, down = advantages > 0, advantages < 0
+    clipped_lr = torch.where(up, token_lr.clamp(max=gmpo_log_clip_high),
+                             torch.where(down, token_lr.clamp(min=-gmpo_log_clip_low), token_lr))   # d'_t
+    lengths = mask.sum(-1, keepdim=True).clamp(min=1).to(token_lr.dtype)                    # [N, 1]
+    seq_ratio = torch.exp(clipped_lr.sum(-1, keepdim=True) / lengths)                       # s'_i [N, 1]
+    loss = -advantages * seq_ratio                                                           # [N, T]
+    metrics = {"clip_frac_high": masked_mean((up & (token_lr > gmpo_log_clip_high)).to(loss.dtype), mask),
+               "clip_frac_low": masked_mean((down & (token_lr < -gmpo_log_clip_low)).to(loss.dtype), mask)}
+    seq_lr = _clean((token_lr.sum(-1, keepdim=True) / lengths).expand_as(token_lr), mask)   # unclipped [N, T]
+    return _finish(loss, mask, is_weights, seq_lr, metrics)
+
+
+# A token counts as gated (SAPO's clip_frac_low / clip_frac_high) when its soft gate has at least
+# halved the gradient the plain IS-weighted policy gradient would give it: 4 p (1 - p) < 1/2.
+SAPO_GATED_BELOW = 0.5
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+         sapo_tau_pos: float, sapo_tau_neg: float,
+         is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO: Soft Adaptive Policy Optimization (arXiv 2511.20347, §3), a soft gate instead of the clip.
+
+        r_t   = exp(logp_t - logp_old_t)
+        tau_t = tau_pos if A_t > 0 else tau_neg
+        f(r)  = sigmoid(tau_t (r - 1)) * 4 / tau_t                          (the soft gate)
+        L_t   = -f(r_t) A_t
+        d L_t / d logp_t = -A_t w_t r_t,   w_t = 4 p_t (1 - p_t),  p_t = sigmoid(tau_t (r_t - 1))
+
+    w_t is 1 on-policy (r = 1: p = 1/2), so there the gradient is the plain policy gradient -A grad
+    logp, and it decays smoothly as r leaves 1 instead of dropping to 0 at a clip bound: a
+    continuous trust region. The 4/tau factor makes w(1) = 1 for every tau; a larger tau decays
+    faster, and the paper sets tau_neg > tau_pos (1.05 vs 1.0) because negative-advantage updates
+    raise the logits of many unsampled tokens and destabilise training. The paper averages per
+    sequence then over the group (1/G sum_i 1/|y_i| sum_t: ``seq_mean_token_mean``), as verl's and
+    TRL's implementations do.
+
+    Sources: the gate and temperatures as in the paper, verl's ``compute_policy_loss_sapo`` and TRL's
+    ``loss_type="sapo"`` (all three agree; A = 0 takes tau_neg in both codes, irrelevant as its
+    loss is 0).
+
+    Metrics: ``clip_frac_low`` / ``clip_frac_high`` count the real tokens the gate has *gated*,
+    w_t < 1/2 (at least halved the IS-weighted gradient), with r < 1 / r > 1 (for tau near 1 only
+    r > 2.76 gets there); ``gate_weight_mean`` is the mean w_t.
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_positive(sapo_tau_pos=sapo_tau_pos, sapo_tau_neg=sapo_tau_neg)
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
+    log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)                                                     # [N, T]
+    tau = torch.where(advantages > 0, sapo_tau_pos, sapo_tau_neg).to(ratio.dtype)    # [N, T]
+    p = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(p * 4.0 / tau) * advantages
+    w = (4.0 * p * (1.0 - p)).detach()                                               # gradient weight, 1 at r = 1
+    gated = w < SAPO_GATED_BELOW
+    metrics = {"clip_frac_low": masked_mean((gated & (ratio < 1.0)).to(ratio.dtype), mask),
+               "clip_frac_high": masked_mean((gated & (ratio > 1.0)).to(ratio.dtype), mask),
+               "gate_weight_mean": masked_mean(w, mask)}
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
+
+
+@POLICY_LOSSES.register("dppo")
+def dppo(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, *,
+         dppo_delta_low: float, dppo_delta_high: float, dppo_ratio_cap: float | None,
+         is_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO-Binary-TV: Divergence Proximal Policy Optimization (Qi et al., arXiv 2602.04879).
+
+        r_t   = exp(logp_t - logp_old_t),      D_t = pi(y_t) - pi_old(y_t)      (probabilities, not logs)
+        M_t   = 0  if A_t > 0 and D_t > delta_high,  or  A_t < 0 and D_t < -delta_low;   else 1
+        L_t   = -A_t sg(min(r_t, C)) M_t logp_t          d L_t / d logp_t = -A_t min(r_t, C) M_t
+
+    PPO's ratio clip is a one-sample estimate of the policy's divergence that over-constrains rare
+    tokens (a ratio of 2 on a 1e-4 token moves almost no probability) and under-constrains common
+    ones. DPPO masks a token instead when the divergence itself leaves the trust region in the
+    direction its advantage pushes: |pi - pi_old| of the sampled token is the total variation of the
+    binary distribution {y_t, everything else}, the paper's Binary approximation of
+    D_TV(pi_old(.|s_t) || pi(.|s_t)). The gradient of the kept tokens is the PPO surrogate's, A r grad logp
+    (written with a detached weight, as the paper's code); on-policy (r = 1, D = 0) it is the plain
+    policy gradient. The Binary-KL and Top-K approximations are not implemented.
+
+    Which code we follow, and where they differ:
+    * The authors' code (sail-sg/Stable-RL, ``dppo_binary_tv``) anchors D and r to the *rollout*
+      policy's log-probs, and the paper finds that anchoring crucial for stability; verl's port
+      (``compute_policy_loss_dppo_tv``) uses the recomputed old log-probs (the authors'
+      ``dppo_binary_tv_recompute``). Here ``old_logprobs`` is what the learner passes: the engine's
+      sampling log-probs (the authors' anchoring) unless ``algorithm.rollout_correction`` is on, when it
+      is the learner's recomputed pi_old (verl's) and the correction weights multiply the loss.
+    * The weight min(r, C) truncates the ratio (TIS) instead of dual-clip; the paper (§5.4) finds the
+      truncation bias harmful, so C is large: the authors' code defaults to 10, verl's code to 20 and
+      verl's example script to 10000. ``dppo_ratio_cap=None`` is no truncation.
+    * The thresholds: 0.15 for Binary-TV (verl's example for the paper's Qwen3-30B-A3B run; 0.05 for
+      Binary-KL), the same on both sides.
+
+    Metrics: ``clip_frac_high`` / ``clip_frac_low`` are the fractions of real tokens masked with
+    A > 0 / A < 0; ``ratio_cap_frac`` those whose weight the cap truncated.
+
+    Shapes: logprobs, old_logprobs, advantages, response_mask, is_weights [N, T]
+    -> (loss_mat [N, T], metrics).
+    """
+    _check_positive(dppo_delta_low=dppo_delta_low, dppo_delta_high=dppo_delta_high)
+    if dppo_ratio_cap is not None and not dppo_ratio_cap >= 1.0:
+        raise ValueError(f"dppo_ratio_cap must be >= 1 or None (no truncation), got {dppo_ratio_cap}")
+    logprobs, old_logprobs, advantages, mask = _loss_inputs(logprobs, old_logprobs, advantages, response_mask,
+                                                            is_weights)
+    log_ratio = _clean(logprobs - old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio.detach())                                                  # [N, T]
+    prob_diff = torch.exp(_clean(logprobs.detach(), mask)) - torch.exp(_clean(old_logprobs, mask))   # D_t, 0 on padding
+    masked_up = (advantages > 0) & (prob_diff > dppo_delta_high)
+    masked_down = (advantages < 0) & (prob_diff < -dppo_delta_low)
+    keep = ~(masked_up | masked_down)
+    weight = ratio if dppo_ratio_cap is None else ratio.clamp(max=dppo_ratio_cap)
+    loss = -advantages * torch.where(keep, weight, _zero(weight)) * _clean(logprobs, mask)
+    metrics = {"clip_frac_high": masked_mean(masked_up.to(ratio.dtype), mask),
+               "clip_frac_low": masked_mean(masked_down.to(ratio.dtype), mask)}
+    if dppo_ratio_cap is not None:
+        metrics["ratio_cap_frac"] = masked_mean((keep & (ratio > dppo_ratio_cap)).to(ratio.dtype), mask)
+    return _finish(loss, mask, is_weights, log_ratio, metrics)
+
+def log_ratio_stats(logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
+    """How far the policy has moved from pi_old on this batch's tokens, whatever the loss: the spread
+    of the token log importance ratios log r_t = logp_t - logp_old_t over real tokens.
+
+    Returns detached scalars ``log_ratio_std`` (population std; 0 with no real token) and
+    ``log_ratio_abs_max`` (max |log r_t|). GMPO (arXiv 2507.20673, Fig. 2) and SAPO (arXiv
+    2511.20347) argue from the range of these ratios; this is the same number for every loss.
+
+    Shapes: logprobs, old_logprobs, response_mask [N, T].
     """
     mask = as_bool_mask(response_mask)
-    learner = _clean(learner_logprobs.detach(), mask)
-    sampler = _clean(sampler_logprobs.detach(), mask)
-    abs_diff = (learner - sampler).abs()  # 0 on padding
-    return {
-        "logprob_abs_diff_mean": masked_mean(abs_diff, mask),
-        "logprob_abs_diff_max": abs_diff.max() if abs_diff.numel() else _zero(abs_diff),
-        "kl_k3": masked_mean(kl_k3(sampler, learner), mask),
-    }
+    lr = _clean(_upcast(logprobs.detach()) - _upcast(old_logprobs.detach()), mask)  # [N, T], 0 on padding
+    mean = masked_mean(lr, mask)
+    var = masked_mean((lr - mean) ** 2, mask)
+    return {"log_ratio_std": var.clamp(min=0).sqrt(),
+            "log_ratio_abs_max": lr.abs().max() if lr.numel() else _zero(lr)}
+

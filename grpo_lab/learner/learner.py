@@ -46,7 +46,7 @@ import torch
 from torch import nn
 from transformers import AutoModel
 
-from grpo_lab.algos import aggregate, clipped_value_loss, logprob_mismatch_metrics, truncated_is_weights
+from grpo_lab.algos import aggregate, clipped_value_loss, logprob_mismatch_metrics, rollout_correction_weights
 from grpo_lab.learner import distributed
 from grpo_lab.learner.batch import TensorBatch, completion_stats, prompt_groups
 from grpo_lab.learner.schedules import lr_factor
@@ -262,13 +262,13 @@ class Learner:
         """Whether π_learner can come from the update's own forward instead of a scoring forward.
 
         Only when that forward runs at the sampling weights and nothing before it reads π_learner:
-        one optimizer step per batch (algorithm.epochs = minibatches = 1), no TIS (its weights enter
-        the loss), sampled rows (not pairs from a file), an objective whose loss runs the policy on the
+        one optimizer step per batch (algorithm.epochs = minibatches = 1), no rollout correction (its
+        weights enter the loss), sampled rows (not pairs from a file), an objective whose loss runs the policy on the
         batch's own rows (`Objective.views` None), one process (under fsdp2 each rank sees only its rows), and a forward without dropout (the
         scoring forward ran in eval mode). Then π_old is the sampler's logprobs and π_learner feeds only
         the mismatch metrics, which `update` computes from the same numbers up to matmul rounding.
         """
-        return (self.algo.epochs == 1 and self.algo.minibatches == 1 and self.algo.tis_cap is None
+        return (self.algo.epochs == 1 and self.algo.minibatches == 1 and self.algo.rollout_correction.level is None
                 and not batch.extras.get("offline") and "sampler_logprobs" in batch and not self.sharded
                 and self.needs.views is None and not self.stochastic_forward)
 
@@ -277,8 +277,11 @@ class Learner:
         """Add the learner's own π_old logprobs, the reference logprobs and critic values to `batch`.
 
         Also decides what the policy loss uses as π_old: the sampler's logprobs (the engine's
-        distribution is what was sampled), or with TIS the learner's own, reweighted by
-        min(π_learner / π_sampler, cap) (Yao et al. 2025). The policy's own forward is skipped when
+        distribution is what was sampled), or with algorithm.rollout_correction the learner's own, each
+        token's loss reweighted by the correction's weights from π_learner / π_sampler (token, sequence
+        or geometric; truncated or masked: grpo_lab/algos/rollout_correction.py). With
+        trainer.max_staleness=1 the sampler ran one update behind, so the same weights also correct for
+        the staleness (π_learner is scored at the current weights). The policy's own forward is skipped when
         `learner_logprobs_from_update` says the update's forward gives the same numbers (the default
         GRPO step: one forward fewer per step).
         """
@@ -307,13 +310,15 @@ class Learner:
         if deferred:
             batch["old_logprobs"] = batch["sampler_logprobs"]
             return {}                     # the mismatch metrics come with `update`'s
-        if self.algo.tis_cap is not None:
-            batch["is_weights"] = truncated_is_weights(batch["learner_logprobs"], batch["sampler_logprobs"],
-                                                       batch["response_mask"], self.algo.tis_cap)
-            batch["old_logprobs"] = batch["learner_logprobs"]
-        else:
+        rc = self.algo.rollout_correction
+        if rc.level is None:
             batch["old_logprobs"] = batch["sampler_logprobs"]
-        return mismatch_metrics(batch)
+            return mismatch_metrics(batch)
+        batch["is_weights"], correction = rollout_correction_weights(
+            batch["learner_logprobs"], batch["sampler_logprobs"], batch["response_mask"],
+            level=rc.level, mode=rc.mode, upper=rc.upper, lower=rc.lower)
+        batch["old_logprobs"] = batch["learner_logprobs"]
+        return {**mismatch_metrics(batch), **{f"rollout/{k}": float(v) for k, v in correction.items()}}
 
     def policy_logprobs(self, micro: TensorBatch, model=None, *, entropy: bool = False,
                         entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

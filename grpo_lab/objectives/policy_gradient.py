@@ -1,5 +1,5 @@
-"""The policy-gradient objective: GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++ and PPO are all this
-objective with different registered parts: an algorithm is a composition.
+"""The policy-gradient objective: GRPO, Dr.GRPO, DAPO, GSPO, RLOO, REINFORCE++, PPO, CISPO, GMPO, SAPO
+and DPPO are all this objective with different registered parts: an algorithm is a composition.
 
     batch:  r_i on the last real token of i; with algorithm.kl.placement=reward, r_t -= β KL_t
             (PPO, REINFORCE++); then the registered advantage estimator -> A [N, T]
@@ -16,13 +16,29 @@ from __future__ import annotations
 
 import torch
 
-from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, aggregate,
-                            best_of_group_mask, linear_warmup)
+from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES,
+                            ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTION_MODES, aggregate, best_of_group_mask,
+                            linear_warmup, log_ratio_stats)
 from grpo_lab.registry import check_registered
 from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
 
 # Where the KL(π || π_ref) penalty acts (algorithm.kl.placement).
 KL_PLACEMENTS = ("loss", "reward")
+
+
+def check_rollout_correction(rc, errors: list[str]) -> None:
+    """algorithm.rollout_correction: a registered level (or null = off) and mode, and bounds that leave a
+    perfect engine/learner match (weight 1) untouched: lower <= 1 <= upper."""
+    key = "algorithm.rollout_correction"
+    if rc.level is not None and not check_registered(ROLLOUT_CORRECTION_LEVELS, rc.level, f"{key}.level", errors):
+        errors[-1] += "; or null for no correction"
+    check_registered(ROLLOUT_CORRECTION_MODES, rc.mode, f"{key}.mode", errors)
+    if not rc.upper >= 1.0:
+        errors.append(f"{key}.upper={rc.upper} must be >= 1, so that a token the engine and the learner agree on "
+                      "(weight 1) keeps its weight (Yao et al.'s TIS uses 2)")
+    if rc.lower is not None and not 0.0 < rc.lower <= 1.0:
+        errors.append(f"{key}.lower={rc.lower} must lie in (0, 1], or be null for no lower bound (verl's Seq-MIS "
+                      "uses 0.5)")
 
 
 class PolicyGradient(Objective):
@@ -33,7 +49,7 @@ class PolicyGradient(Objective):
     only_reads = ("algorithm.advantage", "algorithm.adv_eps", "algorithm.gamma", "algorithm.lam",
                   "algorithm.policy_loss", "algorithm.clip_low", "algorithm.clip_high", "algorithm.dual_clip",
                   "algorithm.aggregation", "algorithm.kl", "algorithm.entropy_coef", "algorithm.overlong.filter",
-                  "algorithm.tis_cap", "algorithm.critic", "algorithm.reward_ema_decay", "algorithm.sft_anchor_coef",
+                  "algorithm.tis_cap", "algorithm.rollout_correction", "algorithm.critic", "algorithm.reward_ema_decay", "algorithm.sft_anchor_coef",
                   "algorithm.sft_anchor_warmup")
 
     def entropy_in_loss(self, algo) -> bool:
@@ -75,8 +91,28 @@ class PolicyGradient(Objective):
                               "[1 − clip_low, 1 + clip_high] (e.g. 0.2; DAPO uses clip_high=0.28)")
         if a.dual_clip is not None and not a.dual_clip > 1.0:
             errors.append(f"algorithm.dual_clip={a.dual_clip} must be > 1 (the paper uses 3) or null")
-        if a.tis_cap is not None and not a.tis_cap >= 1.0:
-            errors.append(f"algorithm.tis_cap={a.tis_cap} must be >= 1 (typical 2) or null")
+        if not a.cispo_clip_high > 0:
+            errors.append(f"algorithm.cispo_clip_high={a.cispo_clip_high} must be > 0: CISPO caps its IS weight at "
+                          "1 + cispo_clip_high (verl's example 0.2)")
+        for key in ("gmpo_log_clip_low", "gmpo_log_clip_high"):
+            if not a[key] > 0:
+                errors.append(f"algorithm.{key}={a[key]} must be > 0: GMPO clips each token's log-ratio to "
+                              "[−gmpo_log_clip_low, gmpo_log_clip_high] (the paper uses 0.4 each)")
+        for key in ("sapo_tau_pos", "sapo_tau_neg"):
+            if not a[key] > 0:
+                errors.append(f"algorithm.{key}={a[key]} must be > 0: the temperature of SAPO's soft gate "
+                              "σ(τ(r − 1))·4/τ (the paper uses sapo_tau_pos=1.0, sapo_tau_neg=1.05)")
+        for key in ("dppo_delta_low", "dppo_delta_high"):
+            if not 0.0 < a[key] <= 1.0:
+                errors.append(f"algorithm.{key}={a[key]} must lie in (0, 1]: DPPO's bound on how far a token's "
+                              "probability may move, π − π_old (0.15 in the paper's recipe)")
+        if a.dppo_ratio_cap is not None and not a.dppo_ratio_cap >= 1.0:
+            errors.append(f"algorithm.dppo_ratio_cap={a.dppo_ratio_cap} must be >= 1 (the authors' code uses 10), "
+                          "or null for no truncation of DPPO's ratio weight")
+        if a.cispo_clip_low is not None and not a.cispo_clip_low >= 0:
+            errors.append(f"algorithm.cispo_clip_low={a.cispo_clip_low} must be >= 0, or null for no lower bound "
+                          "(MiniMax-M1's choice)")
+        check_rollout_correction(a.rollout_correction, errors)
         if a.entropy_coef < 0:
             errors.append(f"algorithm.entropy_coef={a.entropy_coef} must be >= 0 (a bonus; 0 = off)")
         if a.sft_anchor_coef < 0 or a.sft_anchor_warmup < 0:
@@ -128,15 +164,18 @@ class PolicyGradient(Objective):
     def rows_without_gradient(self, minibatch, algo):
         """Rows that add exactly nothing to the loss below: no token left in `loss_mask` (every term is
         aggregated over it: DAPO's overlong filter, padding), or, when no term but the policy loss acts
-        on a token (no entropy bonus, no KL in the loss) and the registered policy loss is 0 at A = 0,
-        advantages all 0 (a group whose rewards agree: GRPO's, RLOO's and Dr.GRPO's baselines give
-        exactly 0). A row the best-of-group anchor trains on is never one of them. The normalisers
+        on a token (no entropy bonus, no KL in the loss), advantages all 0 when the registered policy loss
+        is 0 at A = 0 (a group whose rewards agree: GRPO's, RLOO's and Dr.GRPO's baselines give exactly 0),
+        or rollout-correction weights all 0 (an answer masked whole: level=sequence|geometric mode=mask). A row the best-of-group anchor trains on is never one of them. The normalisers
         stay minibatch-wide, so the sum over the other rows is the whole minibatch's loss."""
         loss_tokens = minibatch["loss_mask"] > 0                             # [n, T]
         silent = ~loss_tokens.any(-1)
         only_policy_loss = algo.entropy_coef == 0 and not (algo.kl.coef > 0 and algo.kl.placement == "loss")
         if only_policy_loss and POLICY_LOSSES.fact(algo.policy_loss, "zero_at_zero_advantage"):
             silent |= ~((minibatch["advantages"] != 0) & loss_tokens).any(-1)
+        if only_policy_loss and "is_weights" in minibatch:
+            # The rollout correction's weights multiply the policy loss only: an answer it masked whole adds nothing.
+            silent |= ~((minibatch["is_weights"] != 0) & loss_tokens).any(-1)
         if "anchor_weight" in minibatch:
             silent &= minibatch["anchor_weight"] == 0
         return silent
@@ -152,7 +191,8 @@ class PolicyGradient(Objective):
         loss_mat, m = POLICY_LOSSES.call(a.policy_loss, logp, micro["old_logprobs"], micro["advantages"], mask,
                                          is_weights=micro.get("is_weights"), **settings_of(a))
         total = loss_mat
-        metrics = {k: float(v) for k, v in m.items()}
+        # The spread of log(π/π_old) over the loss's tokens, the same number whichever loss ran.
+        metrics = {k: float(v) for k, v in {**m, **log_ratio_stats(logp, micro["old_logprobs"], mask)}.items()}
         if ref_logprobs is not None and a.kl.coef > 0:
             kl = KL_ESTIMATORS.get(a.kl.estimator)(logp, ref_logprobs)  # [n, T]
             metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))

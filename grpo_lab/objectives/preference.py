@@ -114,6 +114,10 @@ class Preference(Objective):
             errors[-1] += ("; cDPO is loss=dpo with label smoothing: set algorithm.preference.loss=dpo "
                            "algorithm.preference.label_smoothing=<ε> (the assumed flip rate, e.g. 0.1)")
         check_registered(PAIRINGS, pref.pairing, "algorithm.preference.pairing", errors)
+        if cfg.algorithm.rollout_correction.level is not None:
+            errors.append(f"algorithm.rollout_correction.level={cfg.algorithm.rollout_correction.level}: the preference "
+                          "loss reads no importance weights (it compares whole answers under the policy and the "
+                          "reference, not the engine's log-probs); set algorithm.rollout_correction.level=null")
         if not pref.beta > 0:
             errors.append(f"algorithm.preference.beta={pref.beta} must be > 0 (DPO uses 0.1)")
         if not 0.0 <= pref.label_flip_prob <= 1.0:

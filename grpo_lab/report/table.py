@@ -146,6 +146,13 @@ def _gain(run: Run) -> float | None:
     return None if final is None or initial is None else final - initial
 
 
+def _drop_from_best(run: Run) -> float | None:
+    """Best held-out accuracy of the run minus its final one (>= 0): how much it lost by the end, the
+    collapse that GSPO's, SAPO's and DPPO's papers report their baselines suffer."""
+    best, final = _max_of(run, ACC), final_value(run, ACC)
+    return None if best is None or final is None else best - final
+
+
 # ---------------------------------------------------------------------------------------------
 # Columns
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +199,7 @@ COLUMNS: dict[str, Column] = {
         # mean@k at the rollout temperature (trainer.eval_sampled_k > 0); "–" where it was not measured
         Column("final_sampled_acc", "Final mean@k (%)", lambda r, c: final_value(r, SAMPLED_ACC), "pct"),
         Column("gain", "Gain (pp)", lambda r, c: _gain(r), "pp"),
+        Column("drop_from_best", "Drop from best (pp)", lambda r, c: _drop_from_best(r), "pp"),
         Column("samples_to_target", "Samples to {target}", _reach("samples"), "count", "samples"),
         Column("steps_to_target", "Steps to {target}", _reach("step"), "count", "step"),
         Column("step_time", "Time/step (s)", lambda r, c: _mean_of(r, "perf/step_time_s")),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from grpo_lab.report import (build_report, contrast_ci, group_runs, load_runs, mean_ci, paired_diff_ci, t_ppf,
                              welch_diff_ci)
 from grpo_lab.report.stats import seeds_for_half_width
-from grpo_lab.report.table import ACC, SAMPLED_ACC, final_value
+from grpo_lab.report.table import ACC, SAMPLED_ACC, Context, column_value, final_value, format_pm, resolve_column
 from grpo_lab.tables.record import write_meta
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import VARIANT_GROUP, Contrast, TableSpec, override_key, parse_expect, selector_terms
@@ -310,30 +310,54 @@ def threshold_verdict(expect: str, mean: float, half: float) -> str:
     return "reproduced" if claimed else "contradicted" if other else "not resolved"
 
 
-def contrast_findings(contrasts: list[Contrast], groups: list) -> tuple[str, dict]:
+def _contrast_terms(c: Contrast, rows: list[dict], ctx: Context) -> dict[str, dict]:
+    """Per selector of the contrast (its terms and `relative_to`): {seed: value} of the one row it selects, the
+    row's final greedy accuracy or, with `column`, that column's value of each of its completed runs."""
+    column = resolve_column(c.column) if c.column else None
+    out = {}
+    for sel in [*c.terms, *([c.relative_to] if c.relative_to else [])]:
+        matched = [r for r in rows if selects(sel, r["group"])]
+        if len(matched) != 1:
+            out[sel] = {}
+        elif column is None:
+            out[sel] = matched[0]["by_seed"]
+        else:
+            out[sel] = {run.seed: v for run in matched[0]["group"].runs_for_stats()
+                        if (v := column_value(column, run, ctx)) is not None}
+    return out
+
+
+def contrast_findings(contrasts: list[Contrast], groups: list, ctx: Context | None = None) -> tuple[str, dict]:
     """The table's cross-block claims (spec `contrasts`): each one's per-seed contrast of final greedy
-    accuracies, its 95 % interval and verdict, as a Markdown table and the numbers behind it."""
+    accuracies (or of the column it names), its 95 % interval and verdict, as a Markdown table and the
+    numbers behind it. `ctx`: the table's target and x axis, which first-reach columns read."""
     if not contrasts:
         return "", {}
-    rows, by_selector = _block_rows(groups), {}
-    for c in contrasts:
-        for sel in [*c.terms, *([c.relative_to] if c.relative_to else [])]:
-            matched = [r for r in rows if selects(sel, r["group"])]
-            by_selector[sel] = matched[0]["by_seed"] if len(matched) == 1 else {}
-    lines = ["**Claims across rows** (per seed, the contrast of final greedy accuracies; mean ± 95 % CI over the "
+    rows, ctx = _block_rows(groups), ctx or Context()
+    of_what = ("final greedy accuracies, or of the column named" if any(c.column for c in contrasts)
+               else "final greedy accuracies")
+    lines = [f"**Claims across rows** (per seed, the contrast of {of_what}; mean ± 95 % CI over the "
              "seeds every term completed; in points, or in % of the reference row's accuracy where relative):", "",
              "| claim | contrast | ours | expected | verdict |", "|---|---|---|---|---|"]
     numbers = {}
     for c in contrasts:
+        by_selector = _contrast_terms(c, rows, ctx)
         mean, half, n = contrast_ci(by_selector, dict(c.terms), by_selector.get(c.relative_to) if c.relative_to else None)
         verdict = threshold_verdict(c.expect, mean, half)
         formula = " ".join(f"{'+' if k > 0 else '−'} {abs(k):g}·[{sel}]" for sel, k in c.terms.items()).lstrip("+ ")
         if c.relative_to:
             formula = f"({formula}) / [{c.relative_to}]"
         op, threshold = parse_expect(c.expect)
-        lines.append(f"| {c.claim or c.name} | {c.name}: {formula} | {_diff_text(mean, half)} (n={n}) | "
-                     f"{op} {100 * threshold:+g} | {verdict} |")
-        numbers[c.name] = {"mean": mean, "half_width": half, "seeds": n, "expect": c.expect, "verdict": verdict}
+        fmt = resolve_column(c.column).fmt if c.column else "pp"
+        if fmt in ("pct", "pp") or c.relative_to:
+            ours, expected = _diff_text(mean, half), f"{op} {100 * threshold:+g}"
+        else:   # a count (steps) or a plain number, in its own unit
+            ours = ("+" if mean >= 0 else "") + format_pm(mean, half, fmt) if not math.isnan(mean) else "nan"
+            expected = f"{op} {threshold:+g}"
+        of = f"{c.column} of " if c.column else ""
+        lines.append(f"| {c.claim or c.name} | {c.name}: {of}{formula} | {ours} (n={n}) | {expected} | {verdict} |")
+        numbers[c.name] = {"mean": mean, "half_width": half, "seeds": n, "expect": c.expect, "verdict": verdict,
+                           **({"column": c.column} if c.column else {})}
     return "\n".join(lines), numbers
 
 
@@ -411,7 +435,7 @@ def build(plan: Plan, *, header_extra: dict[str, str], launch_notes: list[str]) 
     groups, keys = group_runs(runs, group_by=spec.group_by, ignore=ignore)
     found, numbers = findings(spec, groups, keys, within=plan.block_keys)
     notes = [f"**What the paper found.** {spec.paper_finding}", "", found]
-    claims, contrasts = contrast_findings(spec.contrasts, groups)
+    claims, contrasts = contrast_findings(spec.contrasts, groups, Context(target=spec.target, x=spec.x))
     if claims:
         notes += ["", claims]
         numbers["contrasts"] = contrasts

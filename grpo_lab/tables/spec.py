@@ -82,6 +82,10 @@ class Contrast:
     relative_to: Optional[str] = None
     # The claim as it circulates, quoted next to the verdict.
     claim: str = ""
+    # What the contrast is of: a report column of `columns` (e.g. steps_to_target, "mean:actor/log_ratio_std"),
+    # per run, instead of the final greedy accuracy (null). A seed where a term's run has no value (a target
+    # not reached, a metric not logged) leaves the contrast; the table says over how many seeds it ran.
+    column: Optional[str] = None
 
 
 @dataclass
@@ -170,7 +174,7 @@ EXPECTED = {
     "wall_time_s": "seconds (> 0) or null",
     "evals": "an integer >= 0",
     "checkpoint_every": "an integer >= 0 (steps between resumable checkpoints; 0 = none)",
-    "contrasts": "a list of {name, terms: {row selector: coefficient}, expect: '> 0', [relative_to], [claim]}",
+    "contrasts": "a list of {name, terms: {row selector: coefficient}, expect: '> 0', [relative_to], [claim], [column]}",
     "terms": "a mapping of row selector -> coefficient, e.g. {'algorithm=ppo p0.2': 1, 'algorithm=ppo p0': -1}",
     "expect": "a side of a threshold, e.g. '> 0' or '< -0.05'",
 }
@@ -417,6 +421,10 @@ def _check_selectors(spec: TableSpec, names: list[str], errors: list[str]) -> No
             _check_selector(spec, names, sel, where, errors)
         if parse_expect(c.expect) is None:
             errors.append(f"{where}: expect={c.expect!r} must be a side of a threshold, e.g. '> 0' or '< -0.05'")
+        if c.column is not None and c.column not in (spec.columns or []):
+            # A column outside `columns` would be missing from the table's record, so a rebuild could not say it.
+            errors.append(f"{where}: column={c.column!r} must also be one of `columns`, so that the table and "
+                          f"its record carry it; add it to `columns` (or drop `column` to contrast final accuracy)")
 
 
 def _check_selector(spec: TableSpec, names: list[str], sel: str, where: str, errors: list[str]) -> None:
