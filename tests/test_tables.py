@@ -30,7 +30,8 @@ EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("gpu_*.
 # Jobs at --scale lab and full: dapo, std_norm and clip sweep the task (chain_sum, partial_sums) at lab
 # scale only (lab_only_sweep), so their full-scale recipes run half as many.
 EXPECTED_JOBS = {"group_size": (12, 12), "dapo": (36, 18), "algorithms": (21, 21), "std_norm": (18, 9),
-                 "clip": (36, 18), "kl": (15, 15), "async": (9, 9), "tasks": (30, 30), "smollm2": (8, 8)}
+                 "clip": (36, 18), "kl": (15, 15), "async": (9, 9), "tasks": (30, 30), "smollm2": (8, 8),
+                 "tools": (12, 12)}
 # The real-model table runs 2 seeds (each of its runs costs many times a tiny-model run); the others 3.
 SEEDS = {"smollm2": [0, 1]}
 

@@ -169,6 +169,7 @@ def test_metrics_by_hand():
     m = info_metrics(infos)
     # 3 calls over 3 conversations; 2 of 3 conversations call; 1 of 3 calls ran to its end; (5 + 3 + 7) / 3 tokens.
     assert m == pytest.approx({"tool/calls_mean": 1.0, "tool/call_rate": 2 / 3, "tool/success_rate": 1 / 3,
+                               "tool/error_rate": 2 / 3,
                                "tool/errors": 1.0, "tool/timeouts": 1.0, "tool/killed": 0.0, "tool/time_s": 0.5,
                                "tool/output_tokens_mean": 5.0})
     assert "tool/success_rate" not in info_metrics([[{"answer": "1"}]])   # no call: no rate to report

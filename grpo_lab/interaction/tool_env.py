@@ -33,8 +33,8 @@ close(). Its facts (or attributes): `tag` (tags format), `fences` (fence labels)
 
 Per reply the info (samples.jsonl) holds the code, the output shown and the call's status, or, for the
 answer, the answer. Metrics (after_step; at evaluation as eval/tool/...): tool/calls_mean (calls per
-conversation), tool/call_rate (conversations with a call), tool/success_rate (calls that ran to their end),
-tool/errors, tool/timeouts, tool/killed (counts), tool/time_s (wall seconds the step's replies spent in the
+conversation), tool/call_rate (conversations with a call), tool/success_rate (calls that ran to their end)
+and tool/error_rate (the rest), tool/errors, tool/timeouts, tool/killed (counts), tool/time_s (wall seconds the step's replies spent in the
 tool), tool/output_tokens_mean (tokens of a tool reply).
 
 Departure: identical code within one reply batch runs once (interaction.tool.dedupe, the default): the G
@@ -168,6 +168,7 @@ def info_metrics(infos: list[list[dict]], prefix: str = "tool/") -> dict[str, fl
            "time_s": float(sum(i.get("tool_time_share_s", 0.0) for conv in infos for i in conv))}
     if calls:
         out["success_rate"] = status["ok"] / len(calls)
+        out["error_rate"] = 1.0 - out["success_rate"]     # errors, timeouts and kills together
         out["output_tokens_mean"] = sum(i.get("output_tokens", 0) for i in calls) / len(calls)
     return {prefix + k: float(v) for k, v in out.items()}
 
