@@ -247,7 +247,8 @@ def test_two_steps_of_experiment_tool_tiny(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     code = train_in_process(["experiment=tool_tiny", "logger=none", "trainer.total_steps=2", "trainer.prompts_per_step=8",
                              "rollout.group_size=4", "task.train_size=2000", "task.dev_size=20", "task.test_size=20",
-                             "warmup.max_steps=60", "warmup.eval_every=60", "trainer.eval_every=0",
+                             "warmup.max_steps=60", "warmup.eval_every=60", "warmup.batch_size=64", "trainer.eval_every=0",
+                             "learner.num_threads=1",
                              "trainer.log_samples_every=1", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"],
                             monkeypatch)
     assert code == 0, (run_dir / "summary.json").read_text() if (run_dir / "summary.json").exists() else code
