@@ -22,7 +22,8 @@ supervised examples of one train item, the call and the answer after the tool's 
 
 the reply being the item's reference answer (what the call prints: the warm-up runs no code). Toolformer
 (Schick et al. 2023, arXiv 2302.04761) and ReAct (arXiv 2210.03629) likewise start from demonstrated calls;
-without them a from-scratch character model never writes a call for RL to reward.
+without them a from-scratch character model has never seen the call format, and RL can only reward calls it
+samples (the tools table's tool_rl_only row tests whether it finds them anyway).
 """
 
 from __future__ import annotations
