@@ -65,7 +65,7 @@ bench-algorithms-smollm2: venv ## ppo (critic) vs grpo, rloo, gspo on the SmolLM
 # JOBS=2: parallel jobs. SCALE=full: the conf/experiment GPU recipe. ARGS: e.g. --report-only.
 # A table stopped mid-way (killed, machine off) continues when its command runs again: finished runs
 # are kept, interrupted ones resume from their newest checkpoint (the table's checkpoint_every).
-.PHONY: table-group-size table-dapo table-algorithms table-losses table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-mismatch table-noise table-noise-length table-noise-remedy table-critique table-overoptimization table-status readme-tables
+.PHONY: table-group-size table-dapo table-algorithms table-losses table-std-norm table-clip table-kl table-async table-tasks table-smollm2 table-mismatch table-noise table-noise-length table-noise-remedy table-critique table-overoptimization table-tools table-status readme-tables
 
 table-status: venv ## Each run of a table: done / running / interrupted / failed / to do, and the time left: make table-status NAME=dapo [SMOKE=1]
 	@test -n "$(NAME)" || { echo "usage: make table-status NAME=<table in conf/table> [SMOKE=1]"; exit 2; }
@@ -109,6 +109,8 @@ table-critique: venv ## Table: single-turn GRPO vs revising after the verifier's
 
 table-overoptimization: venv ## Table: GRPO, PPO, RLOO, group DPO against a good and a weak learned reward model, + ensemble and KL rows; gold/proxy vs sqrt(KL)
 	$(PY) scripts/make_table.py overoptimization $(ARGS)
+table-tools: venv ## Table: single-turn GRPO vs GRPO with a sandboxed Python tool (demonstrated or RL-only start) and RLOO with the tool, on 3-digit products
+	$(PY) scripts/make_table.py tools $(ARGS)
 
 table-smollm2: venv ## Table: GRPO, Dr.GRPO, DAPO, GSPO on SmolLM2-135M-Instruct, 2 seeds (about 8 h on 2 CPU cores; resumes where it stopped)
 	$(PY) scripts/make_table.py smollm2 $(ARGS)

@@ -370,7 +370,7 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
     registered turn reward, and the parts of the lab that read whole completions turned off."""
     from grpo_lab.interaction import ENVIRONMENTS, TURN_REWARDS
     import grpo_lab.second_models  # noqa: F401  (registers the critic LLM environment, a second model above the run services)
-    from grpo_lab.interaction.demos import has_demo_message
+    from grpo_lab.interaction.demos import has_demo_message, has_tool_demo
 
     i = cfg.interaction
     check_registered(TURN_REWARDS, i.reward, "interaction.reward", errors)
@@ -391,7 +391,17 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
            f"interaction.warmup_revision_frac={frac} adds revision demonstrations to the warm-up SFT, which "
            "warmup.max_steps=0 turns off: set interaction.warmup_revision_frac=0 (and interaction.warmup_demos_from=null)",
            errors)
+    tool_frac = i.warmup_tool_frac
+    _check(0 <= tool_frac < 1, f"interaction.warmup_tool_frac={tool_frac} must be in [0, 1) (the share of warm-up "
+           "examples that are tool-use demonstrations; 0 = none)", errors)
+    _check(not tool_frac or cfg.warmup.max_steps > 0, f"interaction.warmup_tool_frac={tool_frac} adds tool-use "
+           "demonstrations to the warm-up SFT, which warmup.max_steps=0 turns off: set interaction.warmup_tool_frac=0",
+           errors)
+    _check(not tool_frac or frac + tool_frac < 1, f"interaction.warmup_revision_frac={frac} + interaction."
+           f"warmup_tool_frac={tool_frac} must stay below 1 (the rest are the task's own examples)", errors)
     if i.environment is None:
+        _check(not tool_frac, f"interaction.warmup_tool_frac={tool_frac} demonstrates calls of the run's tool, and "
+               "this run has none: set interaction=python_tool or interaction.warmup_tool_frac=0", errors)
         _check(i.max_turns == 1, f"interaction.max_turns={i.max_turns} needs an environment to reply between turns: "
                "set interaction.environment (e.g. interaction=verifier_feedback) or interaction.max_turns=1", errors)
         return
@@ -400,6 +410,9 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
                f"environment {i.environment} cannot say what it would answer to a given answer (it has no "
                "demo_message), so there are no demonstrations to make; set interaction.warmup_revision_frac=0 or name "
                "environments that can in interaction.warmup_demos_from", errors)
+        _check(not tool_frac or has_tool_demo(i.environment), f"interaction.warmup_tool_frac={tool_frac}: "
+               f"environment {i.environment} has no tool calls to demonstrate (no tool_demo); set "
+               "interaction.warmup_tool_frac=0 or interaction=python_tool", errors)
         # An environment with settings of its own checks them here (the critic LLM: interaction.critic);
         # with `machine`, also what only this machine can tell (the critic's model directory exists here).
         own_check = getattr(ENVIRONMENTS.get(i.environment), "config_errors", None)

@@ -33,7 +33,8 @@ def evaluate(engine, tokenizer, items: list, *, max_new_tokens: int, temperature
     `max_turns` answers (first answer, the environment's reply, revision, ...), within `max_model_len`
     tokens (the engine's context, required then): eval/accuracy is the final answer's, and
     eval/first_acc, eval/wrong_to_right, eval/right_to_wrong say what the revision changed; rows gain
-    `turns`.
+    `turns` and `env_info` (each reply's extras); an environment with an `info_metrics(env_info)` method (a
+    tool: calls, errors) adds its metrics under eval/ (eval/tool/calls_mean, ...).
 
     With `proxy` ((texts, items) -> rewards: the run's training reward when it is learned), the same
     completions' mean proxy reward is eval/proxy_reward, beside the gold eval/accuracy (single-turn).
@@ -78,15 +79,19 @@ def _evaluate_conversations(engine, tokenizer, items: list, environment, *, max_
     wrong = [m for m, ok in zip(lengths, correct) if not ok]
     if samples is not None:
         samples.extend({"prompt": items[k // n].prompt, "completion": out.texts[k], "answer": items[k // n].answer,
-                        "correct": bool(correct[k]), "turns": out.turns[k]}
+                        "correct": bool(correct[k]), "turns": out.turns[k], "env_info": out.env_info[k]}
                        for k in range(min(max_samples, len(out.texts))))
     summary = conversation_metrics(turn_correct, prefix="eval/")
+    # An environment that measures its replies (a tool: calls, errors) says so for the held-out conversations too.
+    own = getattr(environment, "info_metrics", None)
+    extra = {f"eval/{k}": v for k, v in own(out.env_info).items()} if callable(own) else {}
     return {"eval/accuracy": sum(correct) / max(len(items) * n, 1),
             "eval/completion_len_mean": sum(lengths) / max(len(lengths), 1),
             "eval/wrong_len_mean": sum(wrong) / len(wrong) if wrong else 0.0,
             "eval/n": float(len(items)),
             **{k: summary[k] for k in ("eval/first_acc", "eval/wrong_to_right", "eval/right_to_wrong",
-                                          "eval/revision_gain")}}
+                                          "eval/revision_gain")},
+            **extra}
 
 
 @dataclass

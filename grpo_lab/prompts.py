@@ -150,13 +150,14 @@ RAW_MESSAGE_OPEN, RAW_MESSAGE_CLOSE = "?", "\n"
 _ANSWER_SENTINEL = "\u2063ANSWER\u2063"
 
 
-def environment_turn_ids(tokenizer: Any, message: str, *, answer_ids: list[int]) -> list[int]:
+def environment_turn_ids(tokenizer: Any, message: str, *, answer_ids: list[int], role: str = "user") -> list[int]:
     """The token ids between an actor answer (`answer_ids`, as sampled) and the actor's next answer
     when the environment says `message`.
 
-    With a chat template: exactly what the template writes there (the assistant turn closed, a user turn
-    holding the message, the next assistant turn opened), read off the template rendered around a
-    sentinel answer, so any template works. The end-of-turn token is not written twice: an answer that
+    With a chat template: exactly what the template writes there (the assistant turn closed, a turn of
+    `role` holding the message: a user turn, or a tool's output where the template has a tool role; the
+    next assistant turn opened), read off the template rendered around a sentinel answer, so any
+    template works. The end-of-turn token is not written twice: an answer that
     already ended with it (the sampler stopped on EOS) keeps its own. Without a template: the compact
     raw format above. The answer's ids are never re-tokenized (they are the sampled ones)."""
     style = prompt_style(tokenizer)
@@ -167,7 +168,7 @@ def environment_turn_ids(tokenizer: Any, message: str, *, answer_ids: list[int])
         ids = tokenizer.encode(RAW_MESSAGE_OPEN + message + RAW_MESSAGE_CLOSE, add_special_tokens=False)
         return ids if ended or eos is None else [eos, *ids]
     conversation = [*_messages(style, "?"), {"role": "assistant", "content": _ANSWER_SENTINEL},
-                    {"role": "user", "content": message}]
+                    {"role": role, "content": message}]
     text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
     if text.count(_ANSWER_SENTINEL) != 1:
         raise ValueError("this chat template does not write an assistant turn's content as given; multi-turn "

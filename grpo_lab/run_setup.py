@@ -34,7 +34,7 @@ from grpo_lab.progress import heartbeat
 from grpo_lab.rollout import ROLLOUT_ENGINES
 from grpo_lab.sampling import RewardNormalizer, RolloutPipeline
 from grpo_lab.schema import ConfigError, as_dict
-from grpo_lab.interaction.demos import revision_demos
+from grpo_lab.interaction.demos import revision_demos, tool_demos
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
 from grpo_lab.cache import cache_key
@@ -117,10 +117,14 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
         return base_dir, {"skipped": True}
     # A dataset read from files is keyed by their content too: one edited in place gets a new warm-up.
     data = [task.info["data_sha256"]] if task.info.get("data_sha256") else []
-    # Revision demonstrations (interaction.warmup_revision_frac > 0) key the warm-up by their tokens, not
-    # by the interaction settings: rows that run different environments over the same demonstrations
-    # (interaction.warmup_demos_from) share one warm-up checkpoint.
+    # Revision and tool-use demonstrations (interaction.warmup_revision_frac / warmup_tool_frac > 0) key the
+    # warm-up by their tokens, not by the interaction settings: rows that run different environments over the
+    # same demonstrations (interaction.warmup_demos_from) share one warm-up checkpoint.
     demos = revision_demos(cfg, task.splits["train"], tokenizer, seed=cfg.seed)
+    try:
+        demos += tool_demos(cfg, task.splits["train"], tokenizer, seed=cfg.seed + 1)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     demo_key = [cache_key(demos)] if demos else []
     # The split check's fields gate the task without shaping it: left out, so they key no new warm-up.
     task_key = {k: v for k, v in as_dict(cfg.task).items() if k not in SPLIT_CHECK_FIELDS}

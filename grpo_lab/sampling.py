@@ -77,6 +77,7 @@ class ScoredRollout:
         return [{"group": r.group_ids[i], "prompt": self.items[i].prompt, "completion": r.texts[i],
                  "reward": float(self.rewards[i]), "answer": self.items[i].answer, "correct": bool(self.correct[i]),
                  **({"turns": r.turns[i]} if r.turns is not None else {}),
+                 **({"env_info": r.env_info[i]} if r.env_info is not None else {}),
                  **{k: v[i] for k, v in self.info.items()}} for i in range(min(limit, len(r)))]
 
     @staticmethod

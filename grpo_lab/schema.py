@@ -599,6 +599,37 @@ class CriticLLMConfig:
 
 
 @dataclass
+class ToolConfig:
+    # The tool of interaction=python_tool (grpo_lab/interaction/tool_env.py): a registered name of TOOLS
+    # (python: the sandboxed interpreter) or a plug-in "package.module:factory".
+    name: str = "python"
+    # How the sandbox isolates a call (grpo_lab/interaction/sandbox.py): auto (namespaces as root, user
+    # namespaces otherwise, where the machine allows; else rlimits with a warning) | namespaces | userns |
+    # rlimits (resource limits and a Python audit hook only).
+    isolation: str = "auto"
+    # Per call: wall-clock seconds before the process group is killed, CPU seconds (RLIMIT_CPU), address
+    # space in MB (RLIMIT_AS), processes (RLIMIT_NPROC), largest file in MB (RLIMIT_FSIZE), size of the
+    # working directory's tmpfs in MB.
+    wall_s: float = 5.0
+    cpu_s: int = 2
+    memory_mb: int = 256
+    max_processes: int = 8
+    file_size_mb: int = 1
+    disk_mb: int = 8
+    # The tool's reply to the actor: stdout, or the error's last line, cut to this many characters.
+    max_output_chars: int = 200
+    # Calls run at once (one process each); identical code within one reply batch runs once (dedupe).
+    workers: int = 2
+    dedupe: bool = True
+    # How the actor writes a call, and the demonstrations are written: auto (tags <py>...</py> without a
+    # chat template, the template's <tool_call> convention where it has one, else a ```python fence) |
+    # tags | fence | tool_call. Every format is read whichever is set.
+    call_format: str = "auto"
+    # More paths hidden from the code (namespace modes), e.g. a dataset directory outside the repository.
+    hide_paths: list[str] = field(default_factory=list)
+
+
+@dataclass
 class InteractionConfig:
     # Multi-turn rollouts (grpo_lab/interaction): after each actor answer an environment replies (feedback,
     # or done) and the actor revises. A registered environment (verifier_feedback) or a plug-in class
@@ -621,6 +652,12 @@ class InteractionConfig:
     # Rows that compare environments (and a single-turn row, which has none) name one list, so that they
     # all start from one warm-up checkpoint and their differences pair by seed.
     warmup_demos_from: Optional[list[str]] = None
+    # Share of the warm-up SFT's examples that are tool-use demonstrations (interaction=python_tool): the
+    # prompt -> a call whose code computes the answer; then prompt + call + the tool's output -> the answer.
+    # A model that never saw a call (the tiny character model) learns the format from them; 0 = none.
+    warmup_tool_frac: float = 0.0
+    # The tool of interaction=python_tool and its sandbox's limits; unused otherwise.
+    tool: ToolConfig = field(default_factory=ToolConfig)
     # The critic LLM of interaction=critic (its model, warm-up, training and rhythm); unused otherwise.
     critic: CriticLLMConfig = field(default_factory=CriticLLMConfig)
 

@@ -111,7 +111,7 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
     start, history, acc = time.time(), [], 0.0
     tty = sys.stdout.isatty()
     say(f"warm-up SFT: up to {cfg.max_steps} steps of {cfg.batch_size} worked solutions ({len(task.splits['train'])} "
-        f"train items{f' + {len(demos)} revision demonstrations' if demos else ''}), sampled dev accuracy on {len(dev)} items every {cfg.eval_every} steps, stopping at "
+        f"train items{f' + {len(demos)} demonstration examples' if demos else ''}), sampled dev accuracy on {len(dev)} items every {cfg.eval_every} steps, stopping at "
         f"{cfg.target_sampled_dev_accuracy:.0%}; cached in {out_dir}")
     bar = tqdm(total=cfg.max_steps, desc="warm-up SFT", dynamic_ncols=True, file=sys.stdout, disable=not tty)
     # In a log file (no TTY) the bar is off: a line every ~30 s or 10 % of the steps instead.

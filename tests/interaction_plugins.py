@@ -26,3 +26,31 @@ class Hint:
 
     def close(self):
         pass
+
+
+class Recorder:
+    """A user's tool, named by import path (interaction.tool.name=interaction_plugins:recording_tool): answers
+    "ran <code>" without running anything, or "error: <code>" for code starting with "!"; records its calls."""
+
+    tag, fences, function = "calc", ("calc",), "calc"
+
+    def __init__(self, max_output_chars):
+        self.max_output_chars, self.calls = max_output_chars, []
+
+    def run(self, code):
+        from grpo_lab.interaction.sandbox import ToolResult
+
+        self.calls.append(code)
+        if code.startswith("!"):
+            return ToolResult("error", f"error: {code}"[: self.max_output_chars], error=f"error: {code}")
+        return ToolResult("ok", f"ran {code}\n"[: self.max_output_chars], stdout=f"ran {code}\n")
+
+    def close(self):
+        pass
+
+
+def recording_tool(max_output_chars=200):
+    return Recorder(max_output_chars)
+
+
+recording_tool.tag, recording_tool.fences, recording_tool.function = Recorder.tag, Recorder.fences, Recorder.function

@@ -31,7 +31,7 @@ def choices(group: str) -> list[str]:
 GPU_CONTEXT = {"model": "qwen2_5_math_7b", "task": "math_l3to5", "rollout": "vllm_gpu", "learner": "fsdp_bf16",
                "learner.num_devices": 4}
 GPU_CHOICES = {("model", "qwen2_5_math_7b"): {}, ("model", "deepseek_math_7b_instruct"): {},
-               ("model", "qwen2_5_32b"): {"learner.num_devices": 32}, ("task", "math_l3to5"): {}, ("task", "math"): {},
+               ("model", "qwen2_5_32b"): {"learner.num_devices": 32}, ("task", "math_l3to5"): {}, ("task", "math_l3to5_tools"): {}, ("task", "math"): {},
                ("task", "gsm8k_math"): {}, ("rollout", "vllm_gpu"): {}, ("learner", "fsdp_bf16"): {},
                ("task", "dapo_math_17k"): {"model": "qwen2_5_32b", "learner.num_devices": 32,
                                            "rollout.max_model_len": 22528, "learner.max_tokens_per_micro_batch": 22528},

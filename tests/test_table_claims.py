@@ -142,6 +142,19 @@ def _mismatch(row: dict, scale: str) -> dict:
                     **({"algorithm.rollout_correction.lower": lower} if lower is not None else {})})
     return out
 
+
+def _tools(row: dict, scale: str) -> dict:
+    """single_turn / tool / tool_rl_only / tool_rloo: the sandboxed tool or none; at lab scale the tool rows'
+    warm-up demonstrates calls except the RL-only one's (at full scale the RL-only row's system prompt drops
+    the recipe's fenced example instead, checked as its override)."""
+    name = row["variant"]
+    if name == "single_turn":
+        return {"interaction.environment": None, "interaction.max_turns": 1, "algorithm.name": "grpo"}
+    out = {"interaction.environment": "python_tool", "algorithm.name": "rloo" if name == "tool_rloo" else "grpo"}
+    if scale != "full":
+        out["interaction.warmup_tool_frac"] = 0.0 if name == "tool_rl_only" else 0.5
+    return out
+
 # Table -> what a row (its variant name and sweep values) claims its composed run sets, by scale
 # ("lab", "full", "smoke"). A new table says here what its rows are.
 CLAIMS: dict[str, Callable[[dict, str], dict]] = {
@@ -149,6 +162,7 @@ CLAIMS: dict[str, Callable[[dict, str], dict]] = {
     "kl": _kl, "clip": _clip, "dapo": _dapo, "group_size": _group_size, "async": _async, "std_norm": _std_norm,
     "algorithms": _algorithm_rows, "smollm2": _algorithm_rows, "tasks": _algorithm_rows,
     "overoptimization": _overoptimization, "losses": _losses, "mismatch": _mismatch,
+    "tools": _tools,
 }
 
 

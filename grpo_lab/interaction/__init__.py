@@ -2,10 +2,12 @@
 
 Public API::
 
-    ENVIRONMENTS: Registry("environment")   verifier_feedback (or a plug-in class "package.module:Class")
+    ENVIRONMENTS: Registry("environment")   verifier_feedback, python_tool (or a plug-in class "package.module:Class")
         facts: learns (trains during the run: its state_dict goes into checkpoints), alphabet (characters
         its messages use, added to the tiny character model's vocabulary when an interaction is on)
     Environment, EnvReply, StepRecord        the contract (grpo_lab/interaction/base.py)
+    TOOLS: Registry("tool")                  python (the sandboxed interpreter of python_tool,
+                                             grpo_lab/interaction/sandbox.py), or a plug-in factory
     build_environment(cfg, *, tokenizer, task) -> Environment | None
     message_alphabet(interaction_cfg) -> str     "" without an environment
     multi_turn_rollout(engine, tokenizer, items, env, *, group_size, max_turns, rollout_cfg, seed) -> Rollout
@@ -31,6 +33,8 @@ ENVIRONMENTS = Registry("environment", defaults={"learns": False, "alphabet": ""
                                                  "reads": ()})
 
 from grpo_lab.interaction import verifier as _verifier  # noqa: E402,F401  (registers verifier_feedback)
+from grpo_lab.interaction import tool_env as _tool_env  # noqa: E402,F401  (registers python_tool)
+from grpo_lab.interaction.tool_env import TOOLS  # noqa: E402
 from grpo_lab.interaction.base import Environment, EnvReply, StepRecord  # noqa: E402
 from grpo_lab.interaction.rewards import TURN_REWARDS, score_turns, step_record, turn_metrics  # noqa: E402
 from grpo_lab.interaction.rollout import multi_turn_rollout  # noqa: E402
@@ -90,5 +94,5 @@ def message_alphabet(interaction_cfg: Any) -> str:
     return "".join(sorted(set(RAW_MESSAGE_OPEN + RAW_MESSAGE_CLOSE + chars)))
 
 
-__all__ = ["ENVIRONMENTS", "EnvReply", "Environment", "StepRecord", "TURN_REWARDS", "build_environment",
+__all__ = ["ENVIRONMENTS", "EnvReply", "Environment", "StepRecord", "TOOLS", "TURN_REWARDS", "build_environment",
            "demo_environments", "message_alphabet", "multi_turn_rollout", "reference_problem", "score_turns", "step_record", "turn_metrics"]

@@ -35,6 +35,7 @@ class EnvReply:
     done: bool = False                # True: the conversation ends after this actor turn
     verdict: bool | None = None       # the environment's judgement of the last answer (True = correct)
     info: dict[str, Any] = field(default_factory=dict)   # extras for samples.jsonl (e.g. the critic's raw text)
+    role: str = "user"                # the chat role the message is written in (a tool's output: "tool")
 
 
 @dataclass
@@ -48,6 +49,7 @@ class StepRecord:
     messages: list[list[str]]         # [N][turns - 1] environment texts between them
     turn_rewards: list[list[float]]   # [N][turns] task reward of each actor answer (clean, before noise)
     verdicts: list[list[bool | None]]  # [N][turns - 1] the environment's verdict on each answer it replied to
+    infos: list[list[dict]] = field(default_factory=list)   # [N][turns - 1] each reply's EnvReply.info
 
 
 class Environment(Protocol):

@@ -1,5 +1,5 @@
-"""Revision demonstrations for the warm-up SFT: two-turn examples that teach a model the multi-turn
-format before RL (interaction.warmup_revision_frac).
+"""Revision and tool-use demonstrations for the warm-up SFT: examples that teach a model the multi-turn
+format before RL (interaction.warmup_revision_frac, interaction.warmup_tool_frac).
 
 One demonstration of a train item: the prompt, a wrong answer to it (`verifier.wrong_answer`), the
 environment's message to that answer (its `demo_message`), and then, as the supervised target, the
@@ -13,6 +13,17 @@ second turn); warm-starting the revising turn with supervised demonstrations is 
 baselines and Self-Correct start (Welleck et al. 2022, arXiv 2211.00053: a corrector trained on (wrong,
 better) pairs). interaction.warmup_demos_from writes them in the words of several environments in turn:
 one warm-up for rows that run different environments, or none, so that their differences pair by seed.
+
+A tool-use demonstration (`tool_demos`, for an environment with a `tool_demo`: python_tool) is two
+supervised examples of one train item, the call and the answer after the tool's reply:
+
+    prompt ids                                                    ->  call ids + <eos>
+    prompt ids + call ids (+ <eos>) + environment_turn_ids(reply) ->  solution ids + <eos>
+
+the reply being the item's reference answer (what the call prints: the warm-up runs no code). Toolformer
+(Schick et al. 2023, arXiv 2302.04761) and ReAct (arXiv 2210.03629) likewise start from demonstrated calls;
+without them a from-scratch character model has never seen the call format, and RL can only reward calls it
+samples (the tools table's tool_rl_only row tests whether it finds them anyway).
 """
 
 from __future__ import annotations
@@ -38,6 +49,37 @@ def demo_count(n_items: int, frac: float) -> int:
 def has_demo_message(name: str | None) -> bool:
     """Whether the environment can say what it answers to a given answer (a `demo_message` method)."""
     return name is not None and callable(getattr(ENVIRONMENTS.get(name), "demo_message", None))
+
+
+def has_tool_demo(name: str | None) -> bool:
+    """Whether the environment can demonstrate a tool call for an item (a `tool_demo` method)."""
+    return name is not None and callable(getattr(ENVIRONMENTS.get(name), "tool_demo", None))
+
+
+def tool_demos(cfg: Any, items: list, tokenizer: Any, *, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids) of the run's tool-use demonstrations (module docstring): none when
+    interaction.warmup_tool_frac is 0; otherwise demo_count(len(items), frac) examples (two per
+    demonstrated item), items drawn with replacement from a generator seeded by `seed` among those the
+    environment can demonstrate. Raises ValueError when it can demonstrate none of them."""
+    n = demo_count(len(items), float(cfg.interaction.warmup_tool_frac))
+    name = cfg.interaction.environment
+    if not n or not has_tool_demo(name):
+        return []
+    demo = ENVIRONMENTS.get(name).tool_demo
+    shown = [(it, d) for it in items for d in [demo(cfg, it, tokenizer)] if d is not None]
+    if not shown:
+        raise ValueError(f"interaction.warmup_tool_frac={cfg.interaction.warmup_tool_frac}: environment {name} "
+                         "can demonstrate no train item of this task (python_tool needs arithmetic items that carry "
+                         "their expression, e.g. reasoning-gym products or chain_sum); set interaction.warmup_tool_frac=0")
+    rng, eos = random.Random(seed), tokenizer.eos_token_id
+    demos = []
+    for _ in range((n + 1) // 2):
+        item, (call, reply, role) = rng.choice(shown)
+        prompt = encode_prompt(tokenizer, item.prompt)
+        call_ids = tokenizer.encode(call, add_special_tokens=False) + [eos]
+        turn = environment_turn_ids(tokenizer, reply, answer_ids=call_ids, role=role)
+        demos += [(prompt, call_ids), (prompt + call_ids + turn, encode_target(tokenizer, item.solution))]
+    return demos
 
 
 def revision_demos(cfg: Any, items: list, tokenizer: Any, *, seed: int) -> list[tuple[list[int], list[int]]]:

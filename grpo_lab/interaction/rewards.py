@@ -98,7 +98,7 @@ def step_record(scored) -> StepRecord:
     r = scored.rollout
     return StepRecord(items=list(scored.items), group_ids=list(r.group_ids), answers=actor_answers(r),
                       messages=[list(t[1::2]) for t in r.turns], turn_rewards=list(scored.info["turn_rewards"]),
-                      verdicts=[list(v) for v in r.verdicts])
+                      verdicts=[list(v) for v in r.verdicts], infos=[list(i) for i in (r.env_info or [])])
 
 
 def conversation_metrics(turn_correct: list[list[bool]], loss_masks: list[list[int]] | None = None,

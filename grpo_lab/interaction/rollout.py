@@ -84,7 +84,8 @@ def multi_turn_rollout(engine, tokenizer, items: list, env, *, group_size: int, 
             if reply.done or reply.message is None:
                 conv.done = True
                 continue
-            message_ids = environment_turn_ids(tokenizer, reply.message, answer_ids=conv.ids)
+            message_ids = environment_turn_ids(tokenizer, reply.message, answer_ids=conv.ids,
+                                               role=getattr(reply, "role", "user"))
             context = len(prompts[group_ids[k]]) + len(conv.ids) + len(message_ids) + rollout_cfg.max_new_tokens
             if context > rollout_cfg.max_model_len:
                 conv.info[-1]["context_full"] = True

@@ -10,8 +10,8 @@ Prompt formats:
   ``question``: the generator's own question text, e.g. chain_sum
       ``State the final answer to the following arithmetic problem: 15 - 43 =``.
   ``compact``: a short form for tiny character-level models; defined for generators whose
-      entries carry ``metadata["expression"]`` (chain_sum, basic_arithmetic): the expression with
-      its spaces removed followed by ``=``, e.g. ``15-43=`` (answer ``-28``).
+      entries carry ``metadata["expression"]`` (chain_sum, basic_arithmetic, products): the expression
+      with its spaces removed followed by ``=``, e.g. ``15-43=`` (answer ``-28``), ``123*456=``.
   ``partial_sums`` (chain_sum): the compact prompt, answered with the running total after each
       term, e.g. ``12+34-5=`` -> ``46,41``. A long answer whose length grows with the number of
       terms (set ``min_terms`` < ``max_terms``), so a completion budget can bind and wrong answers
@@ -57,6 +57,7 @@ def running_sums(expression: str) -> str:
 COMPACT_FORMATS: dict[str, Callable[[dict[str, Any]], str]] = {
     "chain_sum": _expression_compact,
     "basic_arithmetic": _expression_compact,
+    "products": _expression_compact,
 }
 # prompt format -> generator name -> entry -> (prompt, answer): forms that also rewrite the answer.
 REWRITTEN_FORMATS: dict[str, dict[str, Callable[[dict[str, Any]], tuple[str, str]]]] = {
