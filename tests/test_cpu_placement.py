@@ -94,6 +94,7 @@ def test_a_failed_engine_start_leaves_the_affinity_as_it_was(restore_affinity):
     assert os.sched_getaffinity(0) == before
 
 
+@pytest.mark.slow
 @two_cores
 def test_a_placed_vllm_engine_runs_on_its_cores_with_one_thread_and_writes_the_same_rows(
         tmp_path, restore_affinity, monkeypatch):

@@ -22,6 +22,7 @@ def comparable(lines: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith("perf/") and k != "wall_time_s"} for m in lines]
 
 
+@pytest.mark.slow
 def test_engine_process_matches_single_process(tmp_path, warm_cache):
     local = run_train(RUN, tmp_path / "local", warm_cache)
     assert local.returncode == 0, local.stderr[-3000:]

@@ -534,9 +534,11 @@ CRITIC_RUN = ["rollout=hf", "interaction=critic", "interaction.warmup_revision_f
               "interaction.critic.top_frac=0.25", "interaction.critic.bottom_frac=0.25"]
 
 
-# The loop path is the same for every mode but the update (unit-tested in tests/test_critic_env.py): one
-# mode runs in the default suite, the others in the slow tier.
-@pytest.mark.parametrize("mode", [pytest.param("false", marks=pytest.mark.slow), "sft_top_bottom",
+# The loop path is the same for every mode but the update (unit-tested in tests/test_critic_env.py); each
+# costs the critic's warm-up, so all run in the slow tier (the default suite runs the critic in
+# test_rows_naming_the_same_demonstrations_start_from_one_warm_up_checkpoint and tests/test_critic_env.py).
+@pytest.mark.parametrize("mode", [pytest.param("false", marks=pytest.mark.slow),
+                                  pytest.param("sft_top_bottom", marks=pytest.mark.slow),
                                   pytest.param("rl", marks=pytest.mark.slow)])
 def test_two_steps_with_a_critic_llm(tmp_path, multi_turn_cache, monkeypatch, mode):
     """Each critic mode runs in the loop: the critic's metrics are logged, a trained critic updates, and the

@@ -16,7 +16,7 @@ def without_timings(lines: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith(TIMING)} for m in lines]
 
 
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
 def test_one_step_stale_pipeline_runs_and_logs_its_staleness(engine, tmp_path, warm_cache):
     run_dir = tmp_path / "run"
     proc = run_train([f"rollout={engine}", *OVERLAP], run_dir, warm_cache)

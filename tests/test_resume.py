@@ -114,6 +114,7 @@ def test_non_finite_config_values_are_rejected(tmp_path, value):
     assert proc.returncode != 0 and "learner.lr=" in proc.stderr and "is not a finite number" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_wandb_run(tmp_path, warm_cache):
     run_dir = tmp_path / "run"
     overrides = [*TINY_RUN, "rollout=hf", "logger=wandb", "trainer.checkpoint_every=1"]
@@ -126,6 +127,7 @@ def test_resume_continues_the_same_wandb_run(tmp_path, warm_cache):
     assert [m["step"] for m in read_metrics(run_dir)] == [0, 1, 2, 2]                # cut back, not appended
 
 
+@pytest.mark.slow
 def test_resume_finds_a_config_group_the_launch_found_through_its_searchpath(tmp_path, warm_cache):
     """A table's rows are `+variant=<name>` groups in a directory of their own, found through
     `hydra.searchpath`: `grpo_lab.resume` replays the searchpath with the run's overrides."""

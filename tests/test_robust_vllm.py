@@ -59,6 +59,7 @@ def setup(tmp_path_factory):
     engine.close()
 
 
+@pytest.mark.slow
 def test_step_with_prefill_over_4096_tokens_runs_and_is_reproducible(setup):
     # gcd's question prompts are ~106 tokens (character tokenizer): 8 prompts x G=8 is 6,700+
     # prefill tokens in one step, over the CPU build's 4,096-token budget (5 x 8 x 106 crashed before).

@@ -167,6 +167,7 @@ def test_worker_side_imports_nothing_from_the_sender():
 
 # --------------------------------------------------------------------------------- real CPU engine
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_changed_only_many_bucket_push_matches_the_learner(tmp_path):
     """Many small buckets (one reused shared-memory buffer, the padded embedding held back until the

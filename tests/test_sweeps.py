@@ -90,6 +90,7 @@ def test_two_job_multirun_gives_two_runs_one_wandb_group_and_a_table(warm_cache,
     assert result["csv"].is_file() and result["png"].is_file()
 
 
+@pytest.mark.slow
 def test_a_failing_job_does_not_stop_the_sweep_and_the_table_shows_it(warm_cache, tmp_path):
     # `doomed` passes validation but raises inside training: with the correctness reward weighted 0
     # every group's rewards agree, so one round of dynamic sampling finds no informative group ->

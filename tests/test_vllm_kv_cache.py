@@ -26,6 +26,7 @@ def test_the_memory_plan_counts_the_bytes_not_the_share():
     assert errors_of(common) == []
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_an_engine_sized_in_bytes_starts_whatever_memory_is_free(tmp_path):
     """0.99 of the machine's RAM is never free while anything else runs, so vLLM would refuse to start

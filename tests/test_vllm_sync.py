@@ -40,7 +40,7 @@ def logprobs_under(model, rollout, pad_id):
 
 # The LoRA case is slow (a third engine start); the change filter's
 # reused-address case is tested deterministically in tests/test_speed_weight_sync.py.
-@pytest.mark.parametrize("where", ["this_process", "child_process",
+@pytest.mark.parametrize("where", [pytest.param("this_process", marks=pytest.mark.slow), "child_process",
                                    pytest.param("this_process_lora", marks=pytest.mark.slow)])
 def test_engine_follows_the_learner_after_a_push(tmp_path, where):
     from transformers import AutoTokenizer
