@@ -165,7 +165,7 @@ def start_run(cfg: DictConfig) -> RunStart:
     torch.manual_seed(cfg.seed)
     threads = set_learner_threads(cfg)
     device = resolve_device(cfg.learner.device)
-    task = build_task(cfg.task)
+    task = build_task(cfg.task, cache_dir=cfg.cache_dir)
     problem = reference_problem(cfg.interaction, task)
     if problem:
         raise ConfigError(problem)

@@ -153,3 +153,18 @@ def test_config_validation_names_the_keys(tmp_path):
             assert key in judge, (key, judge)
         assert errors("reward=llm_judge") == ""
 
+
+
+def test_the_arrow_conversion_is_cached_under_the_runs_cache_dir(tmp_path):
+    """datasets converts a JSONL file to Arrow and keeps it; a run's conversion goes to <cache_dir>/datasets,
+    as every other cache of the run does, not to ~/.cache/huggingface."""
+    from omegaconf import OmegaConf
+
+    from grpo_lab.tasks import build_task
+
+    f = _jsonl(tmp_path / "gsm.jsonl", GSM)
+    section = OmegaConf.create({"source": "local_dataset", "path": str(f), "prompt_field": "question",
+                                "answer_field": "answer", "dev_size": 2, "test_size": 2})
+    task = build_task(section, cache_dir=str(tmp_path / "cache"))
+    assert len(task.splits["train"]) == len(GSM) - 4
+    assert any(p.suffix == ".arrow" for p in (tmp_path / "cache" / "datasets").rglob("*"))

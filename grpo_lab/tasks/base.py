@@ -5,6 +5,8 @@ A task source is ``fn(**kwargs) -> Task``; a ``Task`` holds three splits of ``Ta
 
 from __future__ import annotations
 
+import inspect
+
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,12 +169,13 @@ def task_label(task_cfg: Any) -> str:
     return str(label(task_cfg)) if label is not None else str(task_cfg.name)
 
 
-def build_task(task_cfg: Any) -> Task:
+def build_task(task_cfg: Any, cache_dir: str | None = None) -> Task:
     """The Task a ``task`` config section describes (all sources, plug-ins included).
 
     Every set (non-null) field except ``source`` and ``max_completion_tokens`` is offered to the
     factory, which receives the ones its signature names (all of them if it takes ``**kwargs``), except
-    the split check's (`check_splits`, run on the built task).
+    the split check's (`check_splits`, run on the built task). A factory whose signature names
+    ``cache_dir`` gets the run's (what it converts or downloads stays under the run's cache, not ~/.cache).
     """
     from grpo_lab.schema import TaskConfig, as_dict
 
@@ -180,7 +183,10 @@ def build_task(task_cfg: Any) -> Task:
     fields.pop("max_completion_tokens", None)
     gate = {k: fields.pop(k, getattr(TaskConfig, k)) for k in SPLIT_CHECK_FIELDS}
     # A registered source or a plug-in factory "package.module:function" (grpo_lab.registry).
-    task = TASKS.call(fields.pop("source", "reasoning_gym"), **fields)
+    source = fields.pop("source", "reasoning_gym")
+    if cache_dir is not None and "cache_dir" in inspect.signature(TASKS.get(source)).parameters:
+        fields["cache_dir"] = str(cache_dir)
+    task = TASKS.call(source, **fields)
     if not isinstance(task, Task):
         raise TypeError(f"task.source factory returned {type(task).__name__}, not a grpo_lab.tasks.Task")
     check_splits(task, **gate)   # distinct prompts per split: refused here, before any model is built

@@ -163,19 +163,21 @@ def _is_save_to_disk_dir(p: Path) -> bool:
     return (p / "dataset_dict.json").is_file() or ((p / "state.json").is_file() and (p / "dataset_info.json").is_file())
 
 
-def _load_files(builder: str, data_files: dict[str, str]) -> dict[str, Any]:
+def _load_files(builder: str, data_files: dict[str, str], cache_dir: str | None = None) -> dict[str, Any]:
     import datasets
 
     try:
-        return dict(datasets.load_dataset(builder, data_files=data_files))
+        return dict(datasets.load_dataset(builder, data_files=data_files, cache_dir=cache_dir))
     except Exception as e:  # datasets' own messages rarely name the file (a bare StopIteration, ArrowInvalid)
         raise ValueError(f"could not read {', '.join(data_files.values())} as {builder} ({type(e).__name__}: "
                          f"{e}). Check the file's format and contents") from e
 
 
-def load_source(path: str | Mapping[str, str], hub_config: str | None = None) -> dict[str, Any]:
+def load_source(path: str | Mapping[str, str], hub_config: str | None = None,
+                cache_dir: str | None = None) -> dict[str, Any]:
     """``{source split name: datasets.Dataset}`` from local file(s), a ``save_to_disk`` directory,
-    another local directory, or a hub name (``hub_config``: the hub dataset's configuration)."""
+    another local directory, or a hub name (``hub_config``: the hub dataset's configuration). ``cache_dir``:
+    where ``datasets`` keeps its Arrow conversion (its default is ~/.cache/huggingface/datasets)."""
     import datasets
 
     if isinstance(path, Mapping):
@@ -183,21 +185,21 @@ def load_source(path: str | Mapping[str, str], hub_config: str | None = None) ->
         for f in data_files.values():
             if not Path(f).is_file():
                 raise FileNotFoundError(f"data file {f!r} does not exist")
-        return _load_files(_builder_for(list(data_files.values())), data_files)
+        return _load_files(_builder_for(list(data_files.values())), data_files, cache_dir)
     path = str(path)
     p = Path(path).expanduser()
     if p.is_file():
-        return _load_files(_builder_for([str(p)]), {"train": str(p)})
+        return _load_files(_builder_for([str(p)]), {"train": str(p)}, cache_dir)
     if p.is_dir():
         if _is_save_to_disk_dir(p):
             loaded = datasets.load_from_disk(str(p))
             # A single saved Dataset is the train split; a DatasetDict keeps its own split names.
             return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-        return dict(datasets.load_dataset(str(p)))
+        return dict(datasets.load_dataset(str(p), cache_dir=cache_dir))
     if _looks_like_file(path):
         raise FileNotFoundError(f"data file {path!r} does not exist")
     try:
-        return dict(datasets.load_dataset(path, hub_config))
+        return dict(datasets.load_dataset(path, hub_config, cache_dir=cache_dir))
     except Exception as e:  # offline: ConnectionError, LocalEntryNotFoundError, DatasetNotFoundError...
         raise RuntimeError(
             f"could not load {path!r}{f' (config {hub_config!r})' if hub_config else ''} from the Hugging Face "
@@ -394,8 +396,10 @@ def local_dataset_task(
     extra_fields: Sequence[str] = (),
     name: str | None = None,
     hub_config: str | None = None,
+    cache_dir: str | None = None,
 ) -> Task:
     """Build a Task from tabular data; see the module docstring for split handling and checks.
+    ``cache_dir``: the run's cache; datasets' Arrow conversion goes to ``<cache_dir>/datasets``.
 
     ``solution_field`` defaults to the answer. ``extra_fields`` columns are copied into
     ``TaskItem.fields`` (so reward functions receive them). ``answer_format`` None means ``plain``
@@ -408,7 +412,7 @@ def local_dataset_task(
         raise ValueError(f"prompt_template must contain '{{prompt}}', got {prompt_template!r}")
     needed = [prompt_field, answer_field, *([solution_field] if solution_field else []), *extra_fields]
     files = _check_local_files(path, needed)
-    source = load_source(path, hub_config)
+    source = load_source(path, hub_config, cache_dir=str(Path(cache_dir) / "datasets") if cache_dir else None)
     mapping = _split_mapping(source, splits, path)
     # Every source split we use, every row: before any model loads (module docstring).
     for ours in ("train", "dev", "test"):
