@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -363,6 +364,15 @@ def _check_logger_and_warmup(cfg: DictConfig, errors: list[str], machine: bool) 
     if w.max_steps > 0:
         _check(w.lr > 0 and w.batch_size >= 1 and w.eval_every >= 1,
                "warmup.lr must be > 0, warmup.batch_size and warmup.eval_every >= 1 (or warmup.max_steps=0)", errors)
+    replay = w.replay_steps
+    if replay is not None and not isinstance(replay, Mapping):
+        errors.append(f"warmup.replay_steps={replay!r} must map seeds to warm-up steps, e.g. warmup.replay_steps={{0:450,1:300}}")
+    elif replay is not None:
+        bad = {k: v for k, v in replay.items()
+               if not (isinstance(k, int) and isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= w.max_steps)}
+        _check(not bad, f"warmup.replay_steps={dict(bad)}: each seed (an integer) maps to a whole number of steps in "
+               f"[1, warmup.max_steps={w.max_steps}] (raise warmup.max_steps to the recorded length, or drop the seed)",
+               errors)
 
 
 def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> None:

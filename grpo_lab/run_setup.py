@@ -38,7 +38,7 @@ from grpo_lab.interaction.demos import revision_demos, tool_demos
 from grpo_lab.learner.batch import encode_prompt
 from grpo_lab.learner.learner import resolve_device, set_cpu_threads
 from grpo_lab.cache import cache_key
-from grpo_lab.warmup import warmup_sft
+from grpo_lab.warmup import recorded_warmup_steps, warmup_key_settings, warmup_sft
 from grpo_lab.logging.recorder import RunRecorder
 from grpo_lab.models import build_model_dir
 from grpo_lab.prompts import prepare_for_model
@@ -128,9 +128,17 @@ def build_policy(cfg: DictConfig, task, device: torch.device) -> tuple[Path, dic
     demo_key = [cache_key(demos)] if demos else []
     # The split check's fields gate the task without shaping it: left out, so they key no new warm-up.
     task_key = {k: v for k, v in as_dict(cfg.task).items() if k not in SPLIT_CHECK_FIELDS}
-    warm_dir = cache / "warmup" / cache_key(cfg.model, task_key, cfg.warmup, alphabet, cfg.seed, *data, *demo_key)
+    # warmup.replay_steps keys no warm-up but this seed's replayed one (every other entry keeps its key).
+    key = (cfg.model, task_key, warmup_key_settings(cfg.warmup), alphabet, cfg.seed, *data, *demo_key)
+    warm_dir = cache / "warmup" / cache_key(*key)
+    replay = (cfg.warmup.replay_steps or {}).get(cfg.seed)
+    if replay is not None and recorded_warmup_steps(warm_dir) == replay:
+        replay = None    # the cached warm-up stopped at the recorded step: it is the one to start from
+    elif replay is not None:
+        warm_dir = cache / "warmup" / cache_key(*key, {"replay_steps": replay})
     stats = warmup_sft(base_dir, warm_dir, task, cfg.warmup, max_new_tokens=cfg.rollout.max_new_tokens,
-                       seed=cfg.seed, device=device, demos=demos)
+                       seed=cfg.seed, device=device, demos=demos, replay_steps=replay)
+    stats["inputs"] = cache_key(*key)   # what built it, replayed or not: a table compares starts by it
     if stats.get("reached_target") is False:
         # RL from a policy that rarely answers right earns few rewards (most advantages 0): say so before it
         # starts, not only in summary.json (a cached warm-up says it again).

@@ -488,6 +488,13 @@ class WarmupConfig:
     eval_every: int = 50
     # Reuse a cached warmed-up checkpoint keyed by model, task, warm-up config and seed.
     cache: bool = True
+    # Replay recorded warm-ups: seed -> the step at which a table's recorded run of that seed stopped. A listed
+    # seed's warm-up trains exactly that many steps (no early stop; the checks still run and are logged), so a
+    # row added on another machine, where fp32 rounding moves the early stop, starts from a warm-up as long as
+    # its pairs'. A cached warm-up that stopped at that step is reused as it is. make_table --add-rows sets it
+    # from the table's record. null = the stopping rule alone. Untyped for the reason
+    # rollout.group_size_schedule is; validate() checks keys and values.
+    replay_steps: Optional[Any] = None
 
 
 @dataclass

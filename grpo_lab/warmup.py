@@ -12,6 +12,7 @@ The result is cached under a key of everything that shapes it, so later runs reu
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import sys
 import time
@@ -28,6 +29,7 @@ from grpo_lab.learner.batch import collate, encode_prompt, encode_target
 from grpo_lab.learner.trainable import TrainableModel
 from grpo_lab.progress import CountedProgress, say
 from grpo_lab.rollout.hf_engine import HFEngine
+from grpo_lab.schema import as_dict
 
 
 def shared_weights_engine(model, tokenizer):
@@ -82,9 +84,12 @@ def sft_loop(trainable: TrainableModel, tokenizer, items: list, *, batch_size: i
 
 
 def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int, seed: int,
-               device: torch.device, demos: Sequence[tuple[list[int], list[int]]] = ()) -> dict:
+               device: torch.device, demos: Sequence[tuple[list[int], list[int]]] = (),
+               replay_steps: int | None = None) -> dict:
     """Train `base_dir`'s model on task.splits['train'] solutions (and `demos`, extra (prompt ids,
-    target ids) examples); save to `out_dir`; return stats.
+    target ids) examples); save to `out_dir`; return stats, with the weights' `digest`. `replay_steps`:
+    train exactly that many steps instead of stopping at the sampled-accuracy target (a recorded warm-up
+    replayed; warmup.replay_steps).
 
     Parallel jobs (joblib, Slurm) asking for the same entry wait on a file lock: one builds it,
     the others then read it from the cache."""
@@ -93,13 +98,43 @@ def warmup_sft(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int,
     with open(out_dir.parent / f"{out_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if cfg.cache and done.exists():
-            return {**json.loads(done.read_text()), "cached": True}
+            stats = json.loads(done.read_text())
+            # Entries cached before the digest was recorded: computed once, then kept with the entry.
+            if "digest" not in stats:
+                stats["digest"] = weights_digest(out_dir)
+                done.write_text(json.dumps(stats, indent=2))
+            return {**stats, "cached": True}
         return _train_warmup(base_dir, out_dir, task, cfg, max_new_tokens=max_new_tokens, seed=seed, device=device,
-                             demos=demos)
+                             demos=demos, replay_steps=replay_steps)
+
+
+def warmup_key_settings(cfg) -> dict:
+    """The warm-up settings a checkpoint is keyed by: all but replay_steps, which keys only a replayed
+    warm-up (so warm-ups cached before it existed keep their keys)."""
+    return {k: v for k, v in as_dict(cfg).items() if k != "replay_steps"}
+
+
+def recorded_warmup_steps(out_dir: Path) -> int | None:
+    """The step at which the cached warm-up in `out_dir` stopped (None: no complete entry there)."""
+    done = out_dir / "warmup.json"
+    return json.loads(done.read_text()).get("steps") if done.exists() else None
+
+
+def weights_digest(model_dir: Path) -> str:
+    """sha256 (16 hex digits) of a saved model's weight files, in name order: which checkpoint a run began
+    from, comparable across machines (a table's record keeps it per run)."""
+    digest = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob("*.safetensors")) or sorted(Path(model_dir).glob("*.bin")):
+        digest.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: int, seed: int,
-                  device: torch.device, demos: Sequence[tuple[list[int], list[int]]] = ()) -> dict:
+                  device: torch.device, demos: Sequence[tuple[list[int], list[int]]] = (),
+                  replay_steps: int | None = None) -> dict:
     done = out_dir / "warmup.json"
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
@@ -112,7 +147,8 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
     tty = sys.stdout.isatty()
     say(f"warm-up SFT: up to {cfg.max_steps} steps of {cfg.batch_size} worked solutions ({len(task.splits['train'])} "
         f"train items{f' + {len(demos)} demonstration examples' if demos else ''}), sampled dev accuracy on {len(dev)} items every {cfg.eval_every} steps, stopping at "
-        f"{cfg.target_sampled_dev_accuracy:.0%}; cached in {out_dir}")
+        + (f"step {replay_steps} (a recorded warm-up replayed)" if replay_steps else f"{cfg.target_sampled_dev_accuracy:.0%}")
+        + f"; cached in {out_dir}")
     bar = tqdm(total=cfg.max_steps, desc="warm-up SFT", dynamic_ncols=True, file=sys.stdout, disable=not tty)
     # In a log file (no TTY) the bar is off: a line every ~30 s or 10 % of the steps instead.
     progress = CountedProgress("warm-up SFT", cfg.max_steps)
@@ -122,7 +158,7 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
         bar.update(1)
         if not tty:
             progress.update(p.step, f"loss {p.loss:.3f}")
-        if p.step % cfg.eval_every != 0 and p.step != cfg.max_steps:
+        if p.step % cfg.eval_every != 0 and p.step not in (cfg.max_steps, replay_steps):
             return False
         with torch.no_grad():
             acc = evaluate(engine, tokenizer, dev, temperature=1.0, max_new_tokens=max_new_tokens,
@@ -131,7 +167,7 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
         bar.set_postfix(loss=f"{p.loss:.3f}", sampled_dev_acc=f"{acc:.2f}")
         if not tty:
             print(f"warm-up SFT step {p.step} | loss {p.loss:.3f} | sampled dev acc {acc:.2f}", flush=True)
-        return acc >= cfg.target_sampled_dev_accuracy
+        return p.step >= replay_steps if replay_steps else acc >= cfg.target_sampled_dev_accuracy
 
     last = sft_loop(trainable, tokenizer, task.splits["train"], batch_size=cfg.batch_size, seed=seed,
                     device=device, max_steps=cfg.max_steps, on_step=on_step, extra=demos)
@@ -143,6 +179,7 @@ def _train_warmup(base_dir: Path, out_dir: Path, task, cfg, *, max_new_tokens: i
     tokenizer.save_pretrained(str(out_dir))
     stats = {"steps": last.step, "sampled_dev_accuracy": acc, "greedy_dev_accuracy": greedy,
              "reached_target": acc >= cfg.target_sampled_dev_accuracy, "wall_time_s": time.time() - start,
+             "digest": weights_digest(out_dir), **({"replayed_steps": replay_steps} if replay_steps else {}),
              "history": history}
     done.write_text(json.dumps(stats, indent=2))   # written last: its presence marks a complete cache entry
     return {**stats, "cached": False}

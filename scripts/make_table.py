@@ -54,7 +54,7 @@ from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, jobs_overl
                                     machine_description, merge_added_launch, new_launch, repeated_jobs_problem,
                                     run_table, same_launch, seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
-from grpo_lab.tables.record import record_paths, restore
+from grpo_lab.tables.record import record_paths, restore, warmup_replay
 
 
 def seed_list(flag: str):
@@ -307,6 +307,18 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"error: {problem}", file=sys.stderr)
             return 2
+    if added and args.add_rows and not record and not plan.smoke:
+        # Added rows start where the recorded rows of their seed started, on whatever machine they run.
+        replay, notes = warmup_replay(plan.runs_dir, plan.seeds)
+        if replay:
+            plan = make_plan(spec, scale=args.scale, runs_root=args.runs_root, tables_root=args.tables_root,
+                             launcher=args.launcher, jobs=args.jobs, seeds=args.seeds,
+                             only=args.variants.split(",") if args.variants else None,
+                             extra=[*extra, "warmup.replay_steps={" + ",".join(f"{s}:{n}" for s, n in
+                                                                         sorted(replay.items())) + "}"])
+        for note in notes:
+            print(f"[make_table] {note}", file=sys.stderr)
+        launch_notes += notes
     if added:
         plan.name_runs_apart()   # its jobs are numbered from 0 again: directories of their own
     elif not args.dry_run and not record:

@@ -908,6 +908,14 @@ def test_add_rows_refuses_before_running_anything_and_add_seeds_finds_added_rows
     # seed 1 of the added rows' jobs passes every check (the dry run stops before launching)
     proc = make_table("--add-seeds", "1", "--dry-run", "--", "trainer.total_steps=4")
     assert proc.returncode == 0 and "2 jobs validated" in proc.stderr, proc.stderr
+    # Rows added to runs whose warm-ups were recorded start as long a warm-up as theirs, wherever they run.
+    for v in ("a", "b"):
+        summary = first.runs_dir / f"{v}0" / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()),
+                                       "warmup": {"steps": 300, "digest": "abcd", "inputs": "k"}}))
+    proc = make_table("--add-rows", "--dry-run", "--", "trainer.total_steps=8")
+    assert proc.returncode == 0 and "warmup.replay_steps={0:300}" in proc.stderr, proc.stderr
+    assert "added rows replay the recorded warm-up lengths (warmup.replay_steps: seed 0: 300 steps)" in proc.stderr
 
 
 # ------------------------------------------------------------------ a table's committed record (record.py)

@@ -16,6 +16,7 @@ from .table import (
     build_table,
     failed_runs_markdown,
     table_markdown,
+    warmup_starts_markdown,
     warnings_markdown,
     write_csv,
     write_curves_csv,
@@ -152,7 +153,8 @@ def _compose_markdown(
     if notes:
         lines += ["", str(notes).strip()]
     lines += ["", table_md, "", f"![learning curves]({png_name})", ""]
-    for section in (failed_runs_markdown(groups, include_incomplete), warnings_markdown(groups)):
+    for section in (failed_runs_markdown(groups, include_incomplete), warmup_starts_markdown(groups),
+                    warnings_markdown(groups)):
         if section:
             lines += [section, ""]
     return "\n".join(lines)

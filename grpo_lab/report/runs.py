@@ -82,6 +82,13 @@ class Run:
         return self.status == COMPLETED
 
     @property
+    def warmup(self) -> dict[str, Any]:
+        """The run's warm-up as its summary records it: steps, digest (of the weights it began from), inputs
+        (the key of what built it: model, task, warm-up settings, seed); {} when it had none or ran before
+        they were recorded."""
+        return dict((self.summary or {}).get("warmup") or {})
+
+    @property
     def override_map(self) -> dict[str, str]:
         """Overrides as {key: value}; Hydra's +key / ++key / ~key prefixes are stripped."""
         out = {}

@@ -428,6 +428,42 @@ def warnings_markdown(groups: Sequence[Group]) -> str:
     return "## Data warnings\n\n" + "\n".join(items) if items else ""
 
 
+def warmup_starts(groups: Sequence[Group]) -> list[str]:
+    """Runs of one seed built from the same warm-up inputs that began from different checkpoints: a paired
+    difference between them mixes the start with the row. Steps that differ are the warm-up's early stop
+    moving (fp32 rounding on another processor); the same steps with other weights are a replayed warm-up
+    (warmup.replay_steps) or another machine's rounding of the same length."""
+    starts: dict[tuple, dict[str, list[str]]] = {}
+    for g in groups:
+        for r in g.runs:
+            w = r.warmup
+            if w.get("digest") and w.get("inputs"):
+                key = (r.seed, w["inputs"])
+                starts.setdefault(key, {}).setdefault(f"{w['digest']}@{w.get('steps')}", []).append(r.name)
+    out = []
+    for (seed, _), by_start in starts.items():
+        if len(by_start) < 2:
+            continue
+        steps = {k.split("@")[1] for k in by_start}
+        what = ("warm-ups stopped at different steps" if len(steps) > 1 else
+                f"warm-ups of the same length ({steps.pop()} steps) with different weights")
+        runs = "; ".join(f"{', '.join(f'`{n}`' for n in names)} from {k.split('@')[0]} (step {k.split('@')[1]})"
+                         for k, names in sorted(by_start.items()))
+        out.append(f"seed {seed}: {what}: {runs}")
+    return out
+
+
+def warmup_starts_markdown(groups: Sequence[Group]) -> str:
+    items = warmup_starts(groups)
+    return ("## Different starts\n\nRuns of one seed that should share a warm-up checkpoint began from different "
+            "ones; their paired differences mix the start with the row.\n\n" + "\n".join(f"- {i}" for i in items)
+            if items else "")
+
+
+# Per-run fields of a table's runs CSV saying where each run began (written when any run recorded them).
+WARMUP_FIELDS = ("warmup_steps", "warmup_digest", "warmup_inputs")
+
+
 def write_csv(table: Table, path: str | Path) -> Path:
     """One row per group, raw units (accuracies as fractions), separate mean / ci / n columns.
 
@@ -461,15 +497,18 @@ def write_csv(table: Table, path: str | Path) -> Path:
 def write_runs_csv(groups: Sequence[Group], columns: Sequence[Column], ctx: Context, path) -> Path:
     """One row per run (every status), with each column's per-run value: the table's raw data."""
     path = Path(path)
+    starts = any(r.warmup.get("digest") for g in groups for r in g.runs)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["group", "run", "path", "status", "seed", "error"] + [c.name for c in columns])
+        w.writerow(["group", "run", "path", "status", "seed", "error"] + (list(WARMUP_FIELDS) if starts else [])
+                   + [c.name for c in columns])
         for g in groups:
             for r in g.runs:
                 vals = [column_value(column, r, ctx) for column in columns]
+                start = [r.warmup.get(k, "") for k in ("steps", "digest", "inputs")] if starts else []
                 w.writerow(
                     [g.label, r.name, display_path(r.path), r.status, "" if r.seed is None else r.seed,
-                     _short_error(r.error) if not r.ok else ""]
+                     _short_error(r.error) if not r.ok else ""] + start
                     + ["" if v is None else repr(float(v)) for v in vals]
                 )
     return path

@@ -81,7 +81,7 @@ from grpo_lab.rollout.hf_engine import SAMPLERS
 from grpo_lab.schema import AlgorithmConfig, ConfigError, CriticLLMConfig
 from grpo_lab.second_models.base import SecondModel
 from grpo_lab.tasks import TaskItem
-from grpo_lab.warmup import warmup_sft
+from grpo_lab.warmup import warmup_key_settings, warmup_sft
 
 # Facts: `learns` (the critic's weights change during the run) and `update` (env, examples) -> loss, the
 # update run every critic.update_every actor steps on the examples the entry gathered.
@@ -178,7 +178,7 @@ def warm_up_critic(base_dir: Path, task, fmt: FeedbackFormat, c: DictConfig, *, 
         return base_dir, {"skipped": True}
     data = synthetic_task(task, fmt, seed=seed, max_offset=c.max_offset, per_item=c.warmup_pairs_per_item,
                           dev_size=c.warmup_dev_size)
-    out_dir = Path(cache_dir) / "critic_warmup" / cache_key(c.model, c.warmup, fmt.name, c.max_new_tokens, seed,
+    out_dir = Path(cache_dir) / "critic_warmup" / cache_key(c.model, warmup_key_settings(c.warmup), fmt.name, c.max_new_tokens, seed,
                                                            items_digest(data))
     with torch.random.fork_rng(devices=[]):
         stats = warmup_sft(base_dir, out_dir, data, c.warmup, max_new_tokens=c.max_new_tokens, seed=seed,
@@ -201,7 +201,10 @@ class CriticEnvironment:
             c = critic_config(cfg)
         except ConfigError as err:
             return [str(err)]
-        return _model_dir_errors(c) if machine else []
+        errors = [] if c.warmup.replay_steps is None else [
+            f"interaction.critic.warmup.replay_steps={c.warmup.replay_steps}: the critic's warm-up has no recorded "
+            "length to replay (only the policy's warm-up does, warmup.replay_steps); remove it"]
+        return errors + (_model_dir_errors(c) if machine else [])
 
     @staticmethod
     def demo_message(cfg: DictConfig, item: TaskItem, answer: str) -> str:

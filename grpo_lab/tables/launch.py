@@ -78,11 +78,12 @@ def jobs_but_seeds(command: list[str]) -> list[str]:
     (the interpreter, seeds, the wandb group's time stamp, how jobs are launched, and the paths of the
     table's own directory, which a launch restored in another checkout names differently, an added
     launch's run directories, Plan.name_runs_apart, and how a job survives a stop, RESUME_KEYS and
-    OWNER_CALLBACK, which launches before them lack): equal for launches whose rows may merge."""
+    OWNER_CALLBACK, which launches before them lack, and warmup.replay_steps, which an added row sets to start
+    as the recorded rows did): equal for launches whose rows may merge."""
     return [c for c in command[1:] if not c.startswith(("seed=", "logger.group=", "hydra/launcher=", "hydra.launcher.",
                                                         "hydra.sweep.dir=", "hydra.sweep.subdir=",
                                                         "hydra.searchpath=", OWNER_CALLBACK.split("=")[0],
-                                                        *(f"{k}=" for k in RESUME_KEYS)))]
+                                                        "warmup.replay_steps=", *(f"{k}=" for k in RESUME_KEYS)))]
 
 
 def launches(meta: dict) -> list[dict]:

@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from grpo_lab.report.runs import display_path, project_roots
+from grpo_lab.report.table import WARMUP_FIELDS
 from grpo_lab.tables.plan import Plan
 from grpo_lab.tables.spec import ROOT, VARIANT_GROUP, override_key, overrides_parser
 
@@ -165,7 +166,9 @@ def write_recorded_run(run_dir: Path, row: dict[str, str], columns: list[str], s
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in curve))
     (run_dir / "summary.json").write_text(json.dumps({
         "status": row["status"], "error": row["error"] or None, "run_name": row["run"], "overrides": overrides,
-        "final": final, "recorded": recorded, RESTORED_FROM: source}, indent=2))
+        "final": final, "recorded": recorded, RESTORED_FROM: source,
+        **({"warmup": {"steps": int(row["warmup_steps"]) if row.get("warmup_steps") else None, "digest": row["warmup_digest"],
+                       "inputs": row["warmup_inputs"]}} if row.get("warmup_digest") else {})}, indent=2))
 
 
 def restore(plan: Plan) -> list[str]:
@@ -182,7 +185,8 @@ def restore(plan: Plan) -> list[str]:
             f"({', '.join(_project_relative(str(p)) for p in missing)} missing): run the table first")
     with open(runs_csv, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
-        columns = [c for c in reader.fieldnames or [] if c not in ("group", "run", "path", "status", "seed", "error")]
+        columns = [c for c in reader.fieldnames or []
+                   if c not in ("group", "run", "path", "status", "seed", "error", *WARMUP_FIELDS)]
         rows = list(reader)
     source = _project_relative(str(runs_csv))
     # Where the runs were when the CSV was written: each run goes to the same place under this plan's
@@ -218,3 +222,31 @@ def restore(plan: Plan) -> list[str]:
     return [f"{restored} runs (seeds {','.join(map(str, seeds))}) restored from {source} and "
             f"{_project_relative(str(meta))}: their run directories were not on this machine; the table reads "
             f"their recorded values, {curves_text}"]
+
+
+def warmup_replay(runs_dir: Path, seeds: list[int]) -> tuple[dict[int, int], list[str]]:
+    """{seed: warm-up steps} for rows added to the table in `runs_dir` (make_table --add-rows), and notes
+    saying what was replayed or why not. A seed is replayed when its recorded runs all began from warm-ups
+    of one set of inputs (model, task, warm-up settings) that stopped at one step: the added rows' warm-up
+    then trains exactly that long (warmup.replay_steps), wherever it runs, or reuses the cached one that
+    stopped there. Seeds whose rows were built from different warm-ups, or whose runs recorded none, are left
+    to the stopping rule."""
+    from grpo_lab.report.runs import NoRunsFound, load_runs
+
+    try:
+        runs = load_runs(runs_dir)
+    except NoRunsFound:
+        return {}, []
+    replay, notes = {}, []
+    for seed in seeds:
+        starts = {(r.warmup.get("inputs"), r.warmup.get("steps")) for r in runs
+                  if r.seed is not None and int(r.seed) == seed and r.warmup.get("steps")}
+        if len(starts) == 1 and None not in next(iter(starts)):
+            replay[seed] = int(next(iter(starts))[1])
+        elif len(starts) > 1:
+            notes.append(f"seed {seed}: the table's rows began from {len(starts)} different warm-ups, so the added "
+                         "rows' warm-up follows its stopping rule (compare the 'Different starts' section)")
+    if replay:
+        notes.append("added rows replay the recorded warm-up lengths (warmup.replay_steps: "
+                     + ", ".join(f"seed {s}: {n} steps" for s, n in sorted(replay.items())) + ")")
+    return replay, notes
