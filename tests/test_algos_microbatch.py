@@ -10,6 +10,7 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lab.algos import AGGREGATIONS, POLICY_LOSSES, aggregate
+from grpo_lab.schema import AlgorithmConfig, as_dict
 
 D = torch.float64
 LENGTHS = torch.tensor([7, 2, 5, 1, 4, 6])  # unequal lengths
@@ -34,7 +35,8 @@ def _batch():
 def test_microbatch_split_matches_full_batch(loss_name, mode):
     params, old, adv, is_w, mask = _batch()
     loss_fn = functools.partial(POLICY_LOSSES.call, loss_name)  # each loss takes the settings it reads
-    kwargs = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    # every loss's own settings at the recipes' defaults (cispo_clip_high, sapo_tau_pos, ...), then the clips
+    kwargs = {**as_dict(AlgorithmConfig()), "clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0}
     num_tokens = mask.sum()
     num_seqs = (mask.sum(-1) > 0).sum()
     max_len = 16  # e.g. the generation budget; must be the same for all micro-batches

@@ -129,6 +129,7 @@ def test_dcp_checkpoint_of_2_ranks_loads_into_one_process(fsdp_result):
     assert_same_weights(dict(resumed.weights_for_sync()), dict(reference.weights_for_sync()), before)
 
 
+@pytest.mark.slow
 def test_fsdp_train_run_two_steps(tmp_path):
     """`torchrun --nproc_per_node 2 -m grpo_lab.train learner.strategy=fsdp2` for 2 steps: rank 0
     writes the run (finite metrics, a checkpoint with its DCP shards); nothing else writes. About 50 s

@@ -374,6 +374,7 @@ def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, mul
     assert rows and all("turns" in r for r in rows)
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_with_a_plug_in_environment_equals_an_uninterrupted_run(tmp_path, multi_turn_cache,
                                                                                     monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), str(REPO / "tests")]))

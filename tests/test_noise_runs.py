@@ -22,6 +22,7 @@ def train_samples(run_dir):
             if s.strip() and json.loads(s).get("kind") == "train"]
 
 
+@pytest.mark.slow
 def test_zero_flip_changes_nothing_and_evaluation_never_sees_noise(tmp_path, warm_cache):
     runs = {"none": [], "flip0": ["reward.noise.kind=flip", "reward.noise.flip_prob=0.0"],
             "flip1": ["reward.noise.kind=flip", "reward.noise.flip_prob=1.0"]}

@@ -47,6 +47,7 @@ def test_a_rollout_correction_reweights_the_stale_batches(tmp_path, warm_cache):
     assert all(0 < m["rollout/correction_truncated_frac"] < 1 and m["rollout/correction_ess"] <= 1 for m in steps[1:])
 
 
+@pytest.mark.slow
 def test_resume_with_a_batch_sampled_ahead_equals_the_uninterrupted_run(tmp_path, warm_cache):
     run_dir = tmp_path / "run"
     assert run_train(["rollout=hf", *OVERLAP], run_dir, warm_cache).returncode == 0

@@ -51,7 +51,8 @@ def test_registry_contents():
         "reinforce_pp",
         "gae",
     ]
-    assert POLICY_LOSSES.names() == ["clipped_surrogate", "gspo", "gspo_token", "vanilla_pg"]
+    assert POLICY_LOSSES.names() == ["clipped_surrogate", "gspo", "gspo_token", "vanilla_pg", "cispo", "gmpo", "sapo",
+                                     "dppo"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3"]
     assert AGGREGATIONS.names() == [
         "token_mean",

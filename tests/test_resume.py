@@ -84,6 +84,7 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, warm_cache):
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_4", "step_6"]
 
 
+@pytest.mark.slow
 def test_a_finished_run_directory_is_not_appended_to(tmp_path, warm_cache):
     run_dir = tmp_path / "run"
     overrides = [*TINY_RUN, "rollout=hf", "trainer.total_steps=1"]
@@ -108,7 +109,8 @@ def test_a_run_that_fails_validation_is_recorded_as_failed(tmp_path):
     assert not (tmp_path / "cache").exists()                 # failed before any model was built
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("value", ["nan", pytest.param("inf", marks=pytest.mark.slow),
+                                   pytest.param("-inf", marks=pytest.mark.slow)])
 def test_non_finite_config_values_are_rejected(tmp_path, value):
     proc = run_train(["logger=none", f"learner.lr={value}"], tmp_path / "run", tmp_path / "cache", timeout=120)
     assert proc.returncode != 0 and "learner.lr=" in proc.stderr and "is not a finite number" in proc.stderr

@@ -141,6 +141,7 @@ def hung_calls(tmp_path: Path) -> int:
     return len(calls.read_text().splitlines()) - 1 if calls.exists() else 0
 
 
+@pytest.mark.slow
 def test_an_overlapped_run_whose_reward_hangs_fails_within_a_few_timeouts(tmp_path):
     # Step 2 is sampled in the background thread while step 1 trains: its reward hangs there.
     proc = start_run(["trainer.max_staleness=1", "reward.timeout_s=1", "reward.max_error_frac=1.0"], tmp_path,
@@ -152,7 +153,7 @@ def test_an_overlapped_run_whose_reward_hangs_fails_within_a_few_timeouts(tmp_pa
     assert "reward.timeout_s=1" in s["error"] and hung_calls(tmp_path) == 3
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.parametrize("staleness", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_sigterm_during_a_hung_reward_ends_the_run_with_a_failed_summary(tmp_path, staleness):
     proc = start_run([f"trainer.max_staleness={staleness}", "reward.timeout_s=null"], tmp_path,
                      **hang_from_step_2(tmp_path))

@@ -75,6 +75,7 @@ def test_step_with_prefill_over_4096_tokens_runs_and_is_reproducible(setup):
     assert first.completion_ids != other.completion_ids
 
 
+@pytest.mark.slow
 def test_rollout_steps_on_several_generators(setup):
     for name, task in setup.tasks.items():
         items = task.splits["train"][:6]

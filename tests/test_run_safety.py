@@ -44,6 +44,7 @@ def resume(run_dir: Path, *extra: str, timeout: int = 600) -> subprocess.Complet
 
 
 # ------------------------------------------------------------------ what a resume may change
+@pytest.mark.slow
 def test_a_resume_refuses_what_defines_the_run_and_records_what_it_may_change(tmp_path, warm_cache):
     run_dir = tmp_path / "run"
     assert run_train(RUN, run_dir, warm_cache).returncode == 0
@@ -235,6 +236,7 @@ def test_a_checkpoint_from_before_manifests_is_accepted_and_a_killed_write_is_cl
     assert [p.name for p in checkpoint.checkpoints(tmp_path)] == ["step_3"]
 
 
+@pytest.mark.slow
 def test_resume_falls_back_from_a_corrupt_checkpoint_and_honours_an_explicit_one(tmp_path, warm_cache):
     run_dir = tmp_path / "run"
     run = [*TINY_RUN, "rollout=hf", "trainer.total_steps=4", "trainer.checkpoint_every=2"]

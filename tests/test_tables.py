@@ -641,6 +641,7 @@ def test_a_launch_that_pins_a_block_key_keeps_the_blocks_apart(tmp_path):
     assert "task=None" not in result["md"].read_text()
 
 
+@pytest.mark.slow
 def test_an_added_launch_runs_in_directories_of_its_own(tmp_path):
     """Hydra numbers an added launch's jobs from 0 again and a run's name holds only variant and seed, so
     `--add-seeds 3 -- task=chain_sum` once ran into the directories `--add-seeds 3 -- task=gcd` had left
