@@ -136,7 +136,8 @@ def _mismatch(row: dict, scale: str) -> dict:
     level, mode, lower, upper = {"none": (None, "truncate", None, None), "token_tis": ("token", "truncate", None, 2.0),
                                  "seq_mis": ("sequence", "mask", 0.5, 2.0),
                                  "geo_mask": ("geometric", "mask", 0.98, 1.02)}[row["variant"]]
-    out = {"algorithm.name": "grpo", "algorithm.rollout_correction.level": level}
+    out = {"algorithm.name": "grpo", "algorithm.rollout_correction.level": level,
+           **({"learner.dtype": "fp32", "rollout.dtype": "bfloat16"} if scale != "full" else {})}
     if level is not None:
         out.update({"algorithm.rollout_correction.mode": mode, "algorithm.rollout_correction.upper": upper,
                     **({"algorithm.rollout_correction.lower": lower} if lower is not None else {})})
