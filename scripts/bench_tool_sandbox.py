@@ -30,7 +30,7 @@ def main() -> None:
     rng = random.Random(0)
     codes = [f"{rng.randint(100, 999)}*{rng.randint(100, 999)}" for _ in range(args.calls)]
     for workers in sorted({1, args.workers}):
-        box = Sandbox(Limits(), isolation=args.isolation, workers=workers)
+        box = Sandbox(Limits.of(), isolation=args.isolation, workers=workers)
         started = time.perf_counter()
         with ThreadPoolExecutor(workers) as pool:
             results = list(pool.map(box.run, codes))

@@ -64,6 +64,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 ISOLATIONS = ("auto", "namespaces", "userns", "rlimits")
@@ -79,14 +80,26 @@ GRACE_S = 1.0
 
 @dataclass(frozen=True)
 class Limits:
-    """One call's limits (interaction.tool.*; checked by `limits_errors`)."""
-    wall_s: float = 5.0
-    cpu_s: int = 2
-    memory_mb: int = 256
-    max_processes: int = 8
-    file_size_mb: int = 1
-    disk_mb: int = 8
-    max_output_chars: int = 200
+    """One call's limits (interaction.tool.*, whose schema holds their defaults; checked by `limits_errors`)."""
+    wall_s: float
+    cpu_s: int
+    memory_mb: int
+    max_processes: int
+    file_size_mb: int
+    disk_mb: int
+    max_output_chars: int
+
+    @classmethod
+    def of(cls, settings: Any = None) -> Limits:
+        """The limits an interaction.tool section (or any object with these attributes) sets; None: the
+        schema's defaults (grpo_lab.schema.ToolConfig)."""
+        if settings is None:
+            from grpo_lab.schema import ToolConfig
+
+            settings = ToolConfig()
+        return cls(wall_s=float(settings.wall_s), cpu_s=int(settings.cpu_s), memory_mb=int(settings.memory_mb),
+                   max_processes=int(settings.max_processes), file_size_mb=int(settings.file_size_mb),
+                   disk_mb=int(settings.disk_mb), max_output_chars=int(settings.max_output_chars))
 
 
 def limits_errors(limits: Limits, where: str = "interaction.tool") -> list[str]:
@@ -160,11 +173,11 @@ class Sandbox:
     """Runs code by `run`; thread-safe (each call its own process tree and slot). `mode` is the isolation
     in force (auto resolved). `close` stops the fork server."""
 
-    def __init__(self, limits: Limits = Limits(), *, isolation: str = "auto", hide_paths: list[str] = (),
+    def __init__(self, limits: Limits | None = None, *, isolation: str = "auto", hide_paths: list[str] = (),
                  workers: int = 1):
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation={isolation!r}; valid: {', '.join(ISOLATIONS)}")
-        self.limits = limits
+        self.limits = limits or Limits.of()
         self.hide_paths = sorted({*default_hide_paths(), *(os.path.realpath(p) for p in hide_paths)}, key=len)
         self._exe = os.path.realpath(sys.executable)            # the base interpreter, not a venv's wrapper
         self._keep = [os.path.realpath(sys.base_prefix)]        # its standard library stays readable

@@ -49,6 +49,7 @@ import re
 import string
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 from grpo_lab.interaction import ENVIRONMENTS
@@ -67,13 +68,13 @@ NO_OUTPUT = "(no output)"
 
 
 @TOOLS.register("python", tag="py", fences=("python", "py"), function="python")
-def python_sandbox(*, isolation: str = "auto", wall_s: float = 5.0, cpu_s: int = 2, memory_mb: int = 256,
-                   max_processes: int = 8, file_size_mb: int = 1, disk_mb: int = 8, max_output_chars: int = 200,
-                   workers: int = 1, hide_paths: list[str] = ()) -> Sandbox:
-    """The sandboxed Python interpreter with the given limits."""
-    limits = Limits(wall_s=float(wall_s), cpu_s=int(cpu_s), memory_mb=int(memory_mb),
-                    max_processes=int(max_processes), file_size_mb=int(file_size_mb), disk_mb=int(disk_mb),
-                    max_output_chars=int(max_output_chars))
+def python_sandbox(*, isolation: str, wall_s: float, cpu_s: int, memory_mb: int, max_processes: int,
+                   file_size_mb: int, disk_mb: int, max_output_chars: int, workers: int,
+                   hide_paths: list[str]) -> Sandbox:
+    """The sandboxed Python interpreter with the given limits (interaction.tool.*, whose schema holds the
+    defaults)."""
+    limits = Limits.of(SimpleNamespace(wall_s=wall_s, cpu_s=cpu_s, memory_mb=memory_mb, max_processes=max_processes,
+                                       file_size_mb=file_size_mb, disk_mb=disk_mb, max_output_chars=max_output_chars))
     return Sandbox(limits, isolation=isolation, hide_paths=list(hide_paths), workers=workers)
 
 
@@ -191,12 +192,12 @@ class PythonTool:
             errors.append(f"interaction.tool.isolation={t.isolation!r}; valid: {', '.join(ISOLATIONS)}")
         if t.call_format not in CALL_FORMATS:
             errors.append(f"interaction.tool.call_format={t.call_format!r}; valid: {', '.join(CALL_FORMATS)}")
-        errors += limits_errors(_limits(t))
+        errors += limits_errors(Limits.of(t))
         if not (isinstance(t.workers, int) and t.workers >= 1):
             errors.append(f"interaction.tool.workers={t.workers!r} must be an integer >= 1 (calls run at once)")
         if machine and not errors and t.isolation in ("namespaces", "userns"):
             try:
-                Sandbox(_limits(t), isolation=t.isolation).close()
+                Sandbox(Limits.of(t), isolation=t.isolation).close()
             except RuntimeError as e:
                 errors.append(str(e))
         return errors
@@ -282,11 +283,6 @@ class PythonTool:
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         getattr(self.tool, "close", lambda: None)()
-
-
-def _limits(t: Any) -> Limits:
-    return Limits(wall_s=t.wall_s, cpu_s=t.cpu_s, memory_mb=t.memory_mb, max_processes=t.max_processes,
-                  file_size_mb=t.file_size_mb, disk_mb=t.disk_mb, max_output_chars=t.max_output_chars)
 
 
 def _syntax(name: str) -> dict:
