@@ -29,8 +29,9 @@ def test_two_step_run(engine, tmp_path, warm_cache):
     for key in ("reward/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "perf/rollout_s",
                 "perf/learn_s", "perf/sync_s", "rollout/logprob_abs_diff_max", "rollout/zero_adv_group_frac"):
         assert key in train_line, key
-    # The engine sampled from the learner's policy: its logprobs agree with the learner's (fp32).
-    assert train_line["rollout/logprob_abs_diff_max"] < 1e-3
+    # The engine sampled from the learner's policy: its logprobs agree with the learner's (fp32), at step 2
+    # too, after the first update's weights were pushed into the running engine.
+    assert train_line["rollout/logprob_abs_diff_max"] < 1e-3 and lines[2]["rollout/logprob_abs_diff_max"] < 1e-3
 
     assert max_param_change(start_model_dir(cache), run_dir / "checkpoints" / "final") > 0
     # What the policy wrote: 3 eval rows before and after, 3 training rows at each step.

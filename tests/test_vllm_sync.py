@@ -38,9 +38,11 @@ def logprobs_under(model, rollout, pad_id):
         return token_logprobs(completion_logits(model, batch), batch["completion_ids"]), batch
 
 
-# The LoRA case is slow (a third engine start); the change filter's
-# reused-address case is tested deterministically in tests/test_speed_weight_sync.py.
-@pytest.mark.parametrize("where", [pytest.param("this_process", marks=pytest.mark.slow), "child_process",
+# Slow tier: each case starts engines of its own; the default suite checks the push through
+# tests/test_e2e.py (the vLLM run's step 2 samples after a push and must match the learner's logprobs).
+# The change filter's reused-address case is tested deterministically in tests/test_speed_weight_sync.py.
+@pytest.mark.parametrize("where", [pytest.param("this_process", marks=pytest.mark.slow),
+                                   pytest.param("child_process", marks=pytest.mark.slow),
                                    pytest.param("this_process_lora", marks=pytest.mark.slow)])
 def test_engine_follows_the_learner_after_a_push(tmp_path, where):
     from transformers import AutoTokenizer
