@@ -90,12 +90,14 @@ def test_rollout_steps_on_several_generators(setup):
         assert len(greedy) == 6, name
 
 
+@pytest.mark.slow
 def test_prompt_longer_than_max_model_len_names_the_key(setup):
     long_prompt = [setup.tok.bos_token_id] + [5] * (MAX_MODEL_LEN - 4)
     with pytest.raises(ValueError, match="rollout.max_model_len"):
         setup.engine.generate([long_prompt], n=1, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=0)
 
 
+@pytest.mark.slow
 def test_weight_push_then_dead_engine_fails_fast(setup):
     """Last: kills the engine. A SIGINT to the engine's processes (as a Ctrl-C to the process group
     does) must not leave the next weight push blocked forever."""

@@ -4,8 +4,9 @@ kept reward.noise.kind=flip in `fixed` only, so its full-scale rows would have t
 all at every flip rate (and noise_remedy's rows with GRPO instead of DPO), and every job still
 validated. Here, with nothing trained, each row of each table at lab, full and smoke scale must (1) hold
 every override the table gives it (its variant's, its sweep values, `fixed`/`every_scale`, a group
-override by the group it chose) and (2) set what its name and the table's text claim (CLAIMS). That
-every job validates, the unread-settings rule included, is test_tables.py's."""
+override by the group it chose), (2) set what its name and the table's text claim (CLAIMS) and (3)
+validate, the unread-settings rule included. That make_table's own preflight composes and validates a table's
+jobs (and counts them) is test_tables.py's."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from grpo_lab.config import finalize, register_configs
-from grpo_lab.schema import CriticLLMConfig
+from grpo_lab.config import finalize, register_configs, validate
+from grpo_lab.schema import ConfigError, CriticLLMConfig
 from grpo_lab.tables.plan import Plan, make_plan, write_variant_files
 from grpo_lab.tables.spec import CONF, VARIANT_GROUP, load_spec, override_key, overrides_parser
 
@@ -242,11 +243,18 @@ def test_every_table_says_what_its_rows_claim():
 @pytest.mark.parametrize("scale", sorted(SCALES))
 @pytest.mark.parametrize("name", TABLES)
 def test_every_row_is_the_run_it_claims_to_be(name, scale, tmp_path):
+    """...and validates (the unread-settings rule included), as make_table's preflight would refuse it: each
+    row is composed once here for both checks (one seed's jobs: seeds differ only by `seed=`)."""
     plan = make_plan(load_spec(name), scale=SCALES[scale][0], smoke=SCALES[scale][1], runs_root=tmp_path)
     problems, n = [], 0
     for row in rows(plan):
         n += 1
-        wrong = not_held(row) + unmet(row, CLAIMS[name](row.values, scale))
+        try:
+            validate(row.cfg, machine=False)   # the values, not this machine (a full-scale row runs on GPUs)
+            invalid = []
+        except ConfigError as e:
+            invalid = [f"does not validate: {e}"]
+        wrong = invalid + not_held(row) + unmet(row, CLAIMS[name](row.values, scale))
         if wrong:
             problems.append(f"{' '.join(f'{k}={v}' for k, v in row.values.items())}: " + "; ".join(wrong))
     assert n == len(plan.jobs()) // len(plan.seeds)
