@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from helpers import run_train
 
 # The default tiny model and warm-up, on a local JSONL file (rollout=hf: no vLLM engine).
@@ -36,6 +38,7 @@ def test_a_prompt_over_the_context_is_refused_before_the_warm_up(tmp_path):
     assert not (tmp_path / "cache" / "warmup").exists()    # refused before the warm-up began
 
 
+@pytest.mark.slow
 def test_drop_overlong_drops_the_long_rows_with_a_count(tmp_path):
     data = sums_file(tmp_path)
     proc = run_train([*RUN, f"task.path={data}", "task.drop_overlong=true"], tmp_path / "run", tmp_path / "cache",

@@ -43,6 +43,7 @@ def test_two_step_run(engine, tmp_path, warm_cache):
     assert f"engine: {engine}" in resolved and "run_name: chain_sum_tiny_llama_grpo_G4_clip0.2_kl0_s0" in resolved
 
 
+@pytest.mark.slow
 def test_two_step_run_with_the_fast_cpu_settings(tmp_path, warm_cache):
     """experiment=tiny_cpu_fast (make bench-trl-tiny): the shared-prefill sampler, skipped silent rows, the
     shared prompt forward in one micro-batch and eager attention, together in a real run; the learner's

@@ -29,6 +29,7 @@ def test_one_step_stale_pipeline_runs_and_logs_its_staleness(engine, tmp_path, w
     assert max_param_change(start_model_dir(warm_cache), run_dir / "checkpoints" / "final") > 0
 
 
+@pytest.mark.slow
 def test_a_rollout_correction_reweights_the_stale_batches(tmp_path, warm_cache):
     """trainer.max_staleness=1 with algorithm.rollout_correction: the weights π_learner/π_engine carry the
     staleness too (the learner scores at the current weights, the engine sampled one update before), so from

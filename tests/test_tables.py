@@ -802,6 +802,7 @@ def _two_variant_table(tmp_path):
     return spec_path, make_table
 
 
+@pytest.mark.slow
 def test_add_seeds_refuses_before_running_anything(tmp_path):
     """--add-seeds: no first launch, a seed the table already holds, or jobs that differ in more than their
     seeds each fail in seconds with what to change, and nothing on disk moves."""
@@ -1003,6 +1004,7 @@ def _recorded_table_without_runs(tmp_path):
     return plan, make_table
 
 
+@pytest.mark.slow
 def test_add_seeds_extends_a_table_restored_from_its_record(tmp_path):
     """--add-seeds in a checkout without the table's run directories: the record is restored first, the
     seeds it holds are refused, a new seed passes every check (dry run) and nothing is replaced."""
