@@ -185,12 +185,14 @@ def baseline_variant(spec) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, extra = parse_args(argv)
+    def plan_for(spec, overrides: list[str]):
+        return make_plan(spec, smoke=args.smoke, scale=args.scale, extra=overrides, runs_root=args.runs_root,
+                         tables_root=args.tables_root, launcher=args.launcher, jobs=args.jobs,
+                         seeds=args.add_seeds or args.seeds, only=args.variants.split(",") if args.variants else None)
+
     try:
         spec = load_spec(args.table)
-        plan = make_plan(spec, smoke=args.smoke, scale=args.scale, extra=extra, runs_root=args.runs_root,
-                         tables_root=args.tables_root, launcher=args.launcher, jobs=args.jobs,
-                         seeds=args.add_seeds or args.seeds,
-                         only=args.variants.split(",") if args.variants else None)
+        plan = plan_for(spec, extra)
     except TableSpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -311,11 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         # Added rows start where the recorded rows of their seed started, on whatever machine they run.
         replay, notes = warmup_replay(plan.runs_dir, plan.seeds)
         if replay:
-            plan = make_plan(spec, scale=args.scale, runs_root=args.runs_root, tables_root=args.tables_root,
-                             launcher=args.launcher, jobs=args.jobs, seeds=args.seeds,
-                             only=args.variants.split(",") if args.variants else None,
-                             extra=[*extra, "warmup.replay_steps={" + ",".join(f"{s}:{n}" for s, n in
-                                                                         sorted(replay.items())) + "}"])
+            plan = plan_for(spec, [*extra, "warmup.replay_steps={" + ",".join(f"{s}:{n}" for s, n in
+                                                                       sorted(replay.items())) + "}"])
         for note in notes:
             print(f"[make_table] {note}", file=sys.stderr)
         launch_notes += notes

@@ -433,22 +433,22 @@ def warmup_starts(groups: Sequence[Group]) -> list[str]:
     difference between them mixes the start with the row. Steps that differ are the warm-up's early stop
     moving (fp32 rounding on another processor); the same steps with other weights are a replayed warm-up
     (warmup.replay_steps) or another machine's rounding of the same length."""
-    starts: dict[tuple, dict[str, list[str]]] = {}
+    starts: dict[tuple, dict[tuple, list[str]]] = {}     # (seed, inputs) -> (digest, steps) -> run names
     for g in groups:
         for r in g.runs:
             w = r.warmup
             if w.get("digest") and w.get("inputs"):
-                key = (r.seed, w["inputs"])
-                starts.setdefault(key, {}).setdefault(f"{w['digest']}@{w.get('steps')}", []).append(r.name)
+                start = (w["digest"], str(w.get("steps")))
+                starts.setdefault((r.seed, w["inputs"]), {}).setdefault(start, []).append(r.name)
     out = []
     for (seed, _), by_start in starts.items():
         if len(by_start) < 2:
             continue
-        steps = {k.split("@")[1] for k in by_start}
+        steps = {steps for _, steps in by_start}
         what = ("warm-ups stopped at different steps" if len(steps) > 1 else
                 f"warm-ups of the same length ({steps.pop()} steps) with different weights")
-        runs = "; ".join(f"{', '.join(f'`{n}`' for n in names)} from {k.split('@')[0]} (step {k.split('@')[1]})"
-                         for k, names in sorted(by_start.items()))
+        runs = "; ".join(f"{', '.join(f'`{n}`' for n in names)} from {digest} (step {steps})"
+                         for (digest, steps), names in sorted(by_start.items()))
         out.append(f"seed {seed}: {what}: {runs}")
     return out
 
