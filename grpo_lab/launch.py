@@ -1,17 +1,22 @@
 """Launch, resume and refusal of a run: what `python -m grpo_lab.train [overrides]` does around the loop.
 
-grpo_lab.train.main() calls main(train) here: Hydra parses the command line (`-m` sweeps; torchrun ranks
+`python -m grpo_lab.train` calls main("grpo_lab.train:train") here (grpo_lab.train.main(), main(train)): Hydra parses the command line (`-m` sweeps; torchrun ranks
 above 0 only serve rank 0's learner), and each job's `run` takes the run directory (one process per
 directory; a fresh run never writes into another run's), validates the config and prints the memory plan
 before any model loads, compares a resume with the config its checkpoint was written under, and records
 the outcome, a failure before the start included, around the loop it was given (grpo_lab.train.train).
 A launch refused because its directory holds a run leaves that directory as it was.
 
-The loop comes in as an argument, so this module stays below grpo_lab.train (tests/test_layers.py).
+The loop comes in as an argument (or its import path), so this module stays below grpo_lab.train
+(tests/test_layers.py). Nothing this module imports at its top loads torch, transformers or vLLM: a config
+whose own values are wrong is refused before they load, in about a second; the rest of the lab is imported
+once a config has passed those checks.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -23,12 +28,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grpo_lab import checkpoint, run_guard
-from grpo_lab.backends import follow
-from grpo_lab.config import finalize, register_configs, validate
-from grpo_lab.learner import distributed
+from grpo_lab.config import finalize, register_configs, validate, value_errors
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
-from grpo_lab.memory_plan import plan_memory
-from grpo_lab.run_setup import open_recorder, record_outcome
 from grpo_lab.schema import ConfigError
 
 # The loop a run trains with: (config, recorder, checkpoint to resume from or None) -> its result
@@ -93,20 +94,31 @@ def refuse(run_dir: Path, lock: run_guard.RunLock | None) -> bool:
     return False
 
 
-def run(cfg: DictConfig, loop: Loop) -> float:
-    """One run: validate, then train with `loop`, recording the outcome (also a failed validation) in the
-    run directory."""
+def run(cfg: DictConfig, loop: Loop | str) -> float:
+    """One run: validate, then train with `loop` (or the loop its import path "module:function" names,
+    imported once the config is valid), recording the outcome (also a failed validation) in the run
+    directory."""
     run_guard.install_sigterm()
     hc = HydraConfig.get()
-    cfg = finalize(cfg)
+    refused_by_values = value_errors(cfg)   # the config alone: nothing heavy is loaded for these
+    cfg = finalize(cfg, name_knobs=not refused_by_values)
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
     lock = None
     try:
         lock = run_guard.RunLock(run_dir)   # one process per run directory, before anything is loaded
+        if refused_by_values:
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(refused_by_values) + "\n(the registered "
+                              "parts, reward, task and memory plan are checked once these are fixed)")
         validate(cfg)  # before any model is loaded (includes the memory plan's verdict)
+        from grpo_lab.memory_plan import plan_memory
+        from grpo_lab.run_setup import open_recorder, record_outcome
+
         print(plan_memory(cfg).render())
+        if isinstance(loop, str):
+            module, _, name = loop.partition(":")
+            loop = getattr(importlib.import_module(module), name)
         resume_from = prepare_run_dir(cfg, run_dir)
         changes, new_changes = check_resume(cfg, resume_from)
         state = checkpoint.load(resume_from)["recorder"] if resume_from else None
@@ -137,12 +149,18 @@ def run(cfg: DictConfig, loop: Loop) -> float:
     return float(result["after"]["eval/accuracy"])
 
 
-def main(loop: Loop) -> None:
-    """Entry point (grpo_lab.train.main passes its loop): register the config schema and resolver
-    explicitly, then let Hydra parse the command line and call `run` with `loop`, once per job of a sweep."""
-    if distributed.is_follower():   # torchrun rank > 0: serves rank 0's learner calls, nothing else
-        follow()
-        distributed.end_process()
+def main(loop: Loop | str) -> None:
+    """Entry point (grpo_lab.train passes its loop, by import path when run as `python -m grpo_lab.train`):
+    register the config schema and resolver explicitly, then let Hydra parse the command line and call
+    `run` with `loop`, once per job of a sweep."""
+    if "RANK" in os.environ:   # under torchrun (or another launcher that sets RANK)
+        from grpo_lab.learner import distributed
+
+        if distributed.is_follower():   # rank > 0: serves rank 0's learner calls, nothing else
+            from grpo_lab.backends import follow
+
+            follow()
+            distributed.end_process()
     register_configs()
     # A launch refused because its directory holds a run leaves it as it was: Hydra has already written
     # `.hydra/` and its log there, so they are put back once Hydra has exited.
@@ -160,5 +178,8 @@ def main(loop: Loop) -> None:
         if snapshot is not None and snapshot.run_dir.resolve() in run_guard.REFUSED:
             snapshot.restore()
         raise
-    if distributed.launched_distributed():   # a torchrun rank 0 that completed; see end_process for why
-        distributed.end_process()
+    if "RANK" in os.environ:
+        from grpo_lab.learner import distributed
+
+        if distributed.launched_distributed():   # a torchrun rank 0 that completed; see end_process for why
+            distributed.end_process()

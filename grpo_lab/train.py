@@ -14,8 +14,18 @@ the run directory, resume, refusal) and no I/O format (grpo_lab/logging, grpo_la
 
 from __future__ import annotations
 
-import os
 import sys
+
+if __name__ == "__main__":
+    # `python -m grpo_lab.train`: the launcher validates the config before torch, transformers and vLLM
+    # load (a config refused for its values returns in about a second), then imports this module by name
+    # (as grpo_lab.train) for the loop below; this copy, run as __main__, stops here.
+    from grpo_lab import launch
+
+    launch.main("grpo_lab.train:train")
+    sys.exit()
+
+import os  # (these imports load torch: see above)
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,9 +269,6 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
 
 
 def main() -> None:
-    """Entry point: launch (grpo_lab.launch: Hydra, the run directory, resume, refusal) runs this loop."""
+    """Entry point for an installed script: launch (grpo_lab.launch: Hydra, the run directory, resume,
+    refusal) runs this loop. `python -m grpo_lab.train` goes through the launcher at the top of this file."""
     launch.main(train)
-
-
-if __name__ == "__main__":
-    main()

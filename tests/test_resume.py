@@ -109,6 +109,25 @@ def test_a_run_that_fails_validation_is_recorded_as_failed(tmp_path):
     assert not (tmp_path / "cache").exists()                 # failed before any model was built
 
 
+def test_a_config_refused_for_its_values_is_refused_before_torch_loads(tmp_path):
+    """`python -m grpo_lab.train` checks the config's own values before it imports torch, transformers or
+    vLLM (the refusal then takes about a second, not the imports' several): -X importtime lists every module
+    the process imported, and none of them may be loaded; the refusal is still recorded as failed, named
+    without the objective's knobs (which would need torch)."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-X", "importtime", "-m", "grpo_lab.train", "logger=none", "learner.lr=-1",
+           "rollout.top_p=2", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "learner.lr=-1.0 must be > 0" in proc.stderr and "rollout.top_p=2.0 must lie in (0, 1]" in proc.stderr
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "grpo_lab.launch" in imported and "omegaconf" in imported       # the listing is read as meant
+    assert not {"torch", "transformers", "vllm"} & imported, sorted({"torch", "transformers", "vllm"} & imported)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "learner.lr" in summary["error"]
+    assert summary["run_name"] == "chain_sum_tiny_llama_grpo_G8_s0"
+
+
 @pytest.mark.parametrize("value", ["nan", pytest.param("inf", marks=pytest.mark.slow),
                                    pytest.param("-inf", marks=pytest.mark.slow)])
 def test_non_finite_config_values_are_rejected(tmp_path, value):
