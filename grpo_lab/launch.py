@@ -16,6 +16,7 @@ once a config has passed those checks.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -149,10 +150,39 @@ def run(cfg: DictConfig, loop: Loop | str) -> float:
     return float(result["after"]["eval/accuracy"])
 
 
+# `python -m grpo_lab.train -v ...`: the libraries' own start-up lines too (taken off the command line
+# before Hydra, which has no such flag, parses it).
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """Keep a run's output to the lab's own lines: vLLM's start-up logging (platform notes), torch's C++
+    warnings (vLLM's NUMA binding notice), deprecation warnings raised inside the libraries, and the
+    progress bars of loading and writing weights, unless `verbose`. One line stays: vLLM's engine
+    processes report "Triton is installed, but doesn't include CPU backend" on a CPU before vLLM has
+    configured its logging (Python's last-resort handler prints it), which no setting reaches. Set as environment variables before
+    torch or vLLM load, so the processes the run starts (vLLM's engine core and workers) inherit them; a
+    variable the user set wins. The lab's warnings and errors are printed as before."""
+    if verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")   # transformers' weight-loading bars read it too
+    # Child processes only (read at interpreter start). The resource tracker's notice at exit is about vLLM's
+    # own broadcast queue in shared memory, which the tracker then removes: nothing is left behind.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::DeprecationWarning,"
+                          "ignore::UserWarning:multiprocessing.resource_tracker")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
 def main(loop: Loop | str) -> None:
     """Entry point (grpo_lab.train passes its loop, by import path when run as `python -m grpo_lab.train`):
     register the config schema and resolver explicitly, then let Hydra parse the command line and call
-    `run` with `loop`, once per job of a sweep."""
+    `run` with `loop`, once per job of a sweep. `-v` keeps the libraries' start-up output (quiet_libraries)."""
+    verbose = any(a in VERBOSE_FLAGS for a in sys.argv[1:])
+    sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a not in VERBOSE_FLAGS)]
+    quiet_libraries(verbose)
     if "RANK" in os.environ:   # under torchrun (or another launcher that sets RANK)
         from grpo_lab.learner import distributed
 

@@ -115,6 +115,8 @@ class VLLMEngine:
                 # Logprobs of the distribution actually sampled from (after temperature), which is what
                 # the learner computes as π_old; the default "raw_logprobs" ignores temperature.
                 logprobs_mode="processed_logprobs",
+                # Its checkpoint-loading bar follows its log level (quiet unless `-v`, grpo_lab.launch).
+                use_tqdm_on_load=os.environ["VLLM_LOGGING_LEVEL"].upper() in ("DEBUG", "INFO"),
                 **chunked_prefill_settings(max_model_len, is_cpu=current_platform.is_cpu()),
                 **({} if kv_cache_bytes is None else {"kv_cache_memory_bytes": int(kv_cache_bytes)}),
             )
