@@ -110,7 +110,7 @@ table-noise-remedy: venv ## Table: DPO vs cDPO vs rDPO with preference labels sw
 table-critique: venv ## Table: single-turn GRPO vs revising after the verifier's or a critic LLM's feedback (frozen, SFT, RL; critic every 1 or 4 steps)
 	$(PY) scripts/make_table.py critique $(ARGS)
 
-table-overoptimization: venv ## Table: GRPO, PPO, RLOO, group DPO against a good and a weak learned reward model, + ensemble and KL rows; gold/proxy vs sqrt(KL)
+table-overoptimization: venv ## Table: GRPO, PPO, RLOO, offline group DPO against a good and a weak learned reward model, + ensemble and KL rows; gold/proxy vs sqrt(KL)
 	$(PY) scripts/make_table.py overoptimization $(ARGS)
 table-tools: venv ## Table: single-turn GRPO vs GRPO with a sandboxed Python tool (demonstrated or RL-only start) and RLOO with the tool, on 3-digit products
 	$(PY) scripts/make_table.py tools $(ARGS)

@@ -81,6 +81,8 @@ def _at(cfg: dict, key: str) -> Any:
 _SWITCHED: dict[str, Switch] = {
     "algorithm.overlong.soft_penalty": Switch(lambda c: _at(c, "algorithm.overlong.soft_buffer") > 0,
                                               "algorithm.overlong.soft_buffer > 0"),
+    "algorithm.preference.pool_prompts": Switch(lambda c: _at(c, "algorithm.preference.pairs") == "start_policy",
+                                                "algorithm.preference.pairs=start_policy"),
     "algorithm.kl.estimator": Switch(lambda c: _at(c, "algorithm.kl.coef") > 0, "algorithm.kl.coef > 0"),
     "algorithm.kl.placement": Switch(lambda c: _at(c, "algorithm.kl.coef") > 0, "algorithm.kl.coef > 0"),
     "algorithm.sft_anchor_warmup": Switch(lambda c: _at(c, "algorithm.sft_anchor_coef") > 0,

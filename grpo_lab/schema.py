@@ -91,9 +91,12 @@ class PreferenceConfig:
     beta: float = 0.1
     # Weight group pairs by Bradley-Terry confidence σ(r_w − r_l).
     bt_weighting: bool = False
-    # Where pairs come from: "policy" (the policy's own scored groups) or a local JSONL path with
-    # prompt/chosen/rejected fields.
+    # Where pairs come from: "policy" (the policy's own scored groups, each step), "start_policy" (a fixed
+    # pool of the starting policy's groups, sampled and scored once: offline group preferences, e.g.
+    # labelled by a learned reward model) or a local JSONL path with prompt/chosen/rejected fields.
     pairs: str = "policy"
+    # Prompts in the start_policy pool (each with its group of rollout.group_size samples).
+    pool_prompts: int = 1024
     # Preference-label noise: each formed pair (or each row of a pairs file, once, at load) has its
     # chosen and rejected swapped with this probability, seeded by the run's seed.
     label_flip_prob: float = 0.0

@@ -84,6 +84,47 @@ def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, warm_cache):
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_4", "step_6"]
 
 
+# Offline group DPO: every step's groups drawn from one pool of the starting policy's 16 prompts' groups.
+POOL_RUN = [*TINY_RUN, "rollout=hf", "algorithm=group_dpo", "algorithm.preference.pairs=start_policy",
+            "algorithm.preference.pool_prompts=16", "trainer.total_steps=4", "trainer.checkpoint_every=2",
+            "trainer.log_samples_every=1", "trainer.samples_per_log=1000"]
+
+
+def test_offline_group_dpo_trains_on_one_pool_of_the_starting_policys_groups(tmp_path, warm_cache):
+    """pairs=start_policy samples and scores the groups of pool_prompts prompts once, at step 1, and every
+    step draws its groups from that pool: 4 steps x 8 prompts from a pool of 16 are exactly its 16 prompts,
+    each twice, with the very completions sampled at step 1."""
+    run_dir = tmp_path / "run"
+    proc = run_train(POOL_RUN, run_dir, warm_cache)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = [m for m in read_metrics(run_dir) if "rollout/preference_pairs" in m]
+    assert [m["step"] for m in train] == [1, 2, 3, 4] and sum(m["rollout/preference_pairs"] for m in train) > 0
+    assert "rollout/pool_groups" in train[0] and all("rollout/pool_groups" not in m for m in train[1:])
+    rows = [json.loads(s) for s in (run_dir / "samples.jsonl").read_text().splitlines()]
+    by_step = {}
+    for r in rows:
+        if r["kind"] == "train":
+            by_step.setdefault(r["step"], []).append((r["prompt"], r["completion"]))
+    prompts = [p for step in sorted(by_step) for p, _ in by_step[step][::4]]   # G=4 rows per group
+    assert len(prompts) == 32 and len(set(prompts)) == 16 and all(prompts.count(p) == 2 for p in prompts)
+    first_pass = {p: sorted(c for q, c in by_step[1] + by_step[2] if q == p) for p in set(prompts)}
+    second_pass = {p: sorted(c for q, c in by_step[3] + by_step[4] if q == p) for p in set(prompts)}
+    assert first_pass == second_pass      # the same groups again, not new samples of the same prompts
+
+
+@pytest.mark.slow
+def test_offline_group_dpo_resumes_with_its_pool(tmp_path, warm_cache):
+    """The pool is in the checkpoint: killed after step 3 and resumed from step 2, the run equals an
+    uninterrupted one (a resampled pool, from the engine's later policy, would differ)."""
+    ref_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "killed"
+    assert run_train(POOL_RUN, ref_dir, warm_cache).returncode == 0
+    kill_after_step(POOL_RUN, run_dir, warm_cache, step=3)
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.resume", str(run_dir)], cwd=REPO,
+                          env={**os.environ, "WANDB_MODE": "offline"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert comparable(read_metrics(run_dir)) == comparable(read_metrics(ref_dir))
+
+
 @pytest.mark.slow
 def test_a_finished_run_directory_is_not_appended_to(tmp_path, warm_cache):
     run_dir = tmp_path / "run"
@@ -126,6 +167,29 @@ def test_a_config_refused_for_its_values_is_refused_before_torch_loads(tmp_path)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "learner.lr" in summary["error"]
     assert summary["run_name"] == "chain_sum_tiny_llama_grpo_G8_s0"
+
+
+def test_libraries_are_quiet_unless_v_asks(tmp_path, monkeypatch):
+    """Without -v the launcher turns the libraries' start-up output off through variables the engine's
+    processes inherit (a variable the user set wins); -v is taken off the command line before Hydra, which
+    would refuse it, and keeps vLLM's log at INFO."""
+    from grpo_lab.launch import quiet_libraries
+
+    for var in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL", "HF_HUB_DISABLE_PROGRESS_BARS", "PYTHONWARNINGS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")
+    quiet_libraries(verbose=False)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "INFO" and "ignore::FutureWarning" in os.environ["PYTHONWARNINGS"]
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    quiet_libraries(verbose=True)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.train", "-v", "logger=none", "learner.lr=-1",
+                           f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "learner.lr=-1.0 must be > 0" in proc.stderr, proc.stderr[-2000:]
+    assert json.loads((run_dir / "summary.json").read_text())["overrides"] == ["logger=none", "learner.lr=-1"]
 
 
 @pytest.mark.parametrize("value", ["nan", pytest.param("inf", marks=pytest.mark.slow),

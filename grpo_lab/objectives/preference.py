@@ -1,11 +1,13 @@
 """The preference objective: a registered preference loss (DPO, arXiv 2305.18290; IPO, arXiv
 2310.12036) on (chosen, rejected) pairs, formed by a registered pairing from the policy's own
-scored groups (best vs worst, or every ordered pair = "group DPO") or read from a local JSONL file
-(offline DPO, as in the paper).
+scored groups (best vs worst, or every ordered pair = "group DPO"), from a pool of the starting
+policy's groups scored once (offline group preferences, e.g. labelled by a learned reward model), or
+read from a local JSONL file (offline DPO, as in the paper).
 
     algorithm.preference.loss     dpo | ipo                 (algos.PREFERENCE_LOSSES)
     algorithm.preference.pairing  best_worst | all_pairs    (algos.PAIRINGS)
-    algorithm.preference.pairs    policy | <path.jsonl>     (where pairs come from)
+    algorithm.preference.pairs    policy | start_policy | <path.jsonl>     (where pairs come from)
+    algorithm.preference.pool_prompts     prompts in the start_policy pool
     algorithm.preference.label_flip_prob   preference-label noise (rewards.noise.flip_pairs)
     algorithm.preference.label_smoothing   its remedy: cDPO (loss=dpo) or rDPO (loss=rdpo)
 
@@ -96,6 +98,50 @@ class PairFileSampler(GroupSampler):
         return ScoredRollout(out, items, torch.tensor([1.0, 0.0] * (n // 2)), torch.tensor([1.0, 0.0] * (n // 2)))
 
 
+class StartPolicyPool:
+    """Offline group preferences (algorithm.preference.pairs=start_policy): at the first step, the groups of
+    `pool_prompts` training prompts are sampled from the policy as the run starts and scored by the run's
+    reward (a learned reward model's labels under reward=reward_model), once; every step then draws its
+    groups from this fixed pool, in a seeded order reshuffled on each pass, as offline DPO draws pairs from
+    a file. The policy's later samples are never used: this is the offline counterpart of pairing the
+    policy's own groups at every step (pairs=policy) against the same reward. The pool is part of the
+    sampler's state, so a resumed run trains on the same pool (its engine then holds a later policy, which
+    must not resample it)."""
+
+    def __init__(self, online: GroupSampler, pool_prompts: int, seed: int):
+        self.online, self.pool_prompts = online, pool_prompts
+        self.pool: ScoredRollout | None = None
+        self.stream = PromptStream(list(range(pool_prompts)), seed)
+        self.reset(group_size=online.group_size)
+
+    def reset(self, group_size: int | None = None) -> None:
+        self.online.reset(group_size)
+        self.group_size, self.timings, self.reward_metrics = self.online.group_size, self.online.timings, {}
+
+    def __call__(self, k: int) -> ScoredRollout:
+        if self.pool is None:
+            self.pool = self.online(self.pool_prompts)   # the only sampling and scoring of the run
+            self.reward_metrics = {**self.online.reward_metrics, "rollout/pool_groups": float(self.pool_prompts)}
+        rows = {}
+        for i, g in enumerate(self.pool.rollout.group_ids):
+            rows.setdefault(g, []).append(i)
+        taken = self.stream.take(k)
+        out = self.pool.select([i for g in taken for i in rows[g]])
+        # Groups numbered 0..k-1 in the order drawn; sampled by an earlier policy, so no importance
+        # correction or mismatch metric treats the engine's logprobs as this step's behaviour policy.
+        out.rollout.group_ids = [n for n, g in enumerate(taken) for _ in rows[g]]
+        out.rollout.meta["offline"] = True
+        return out
+
+    def state_dict(self) -> dict:
+        return {"pool": self.pool, "stream": self.stream.state_dict(), "online": self.online.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pool = state["pool"]
+        self.stream.load_state_dict(state["stream"])
+        self.online.load_state_dict(state["online"])
+
+
 class Preference(Objective):
     views = ("chosen", "rejected")   # each pair's two completions, one forward each
     only_reads = ("algorithm.preference",)
@@ -104,7 +150,7 @@ class Preference(Objective):
         return True  # the implicit reward is β log(π / π_ref)
 
     def min_group_size(self, algo) -> int:
-        return 2 if algo.preference.pairs == "policy" else 1
+        return 1 if _is_pairs_file(algo.preference.pairs) else 2
 
     def check(self, cfg, errors: list[str]) -> None:
         pref = cfg.algorithm.preference
@@ -125,19 +171,25 @@ class Preference(Objective):
         if not 0.0 <= pref.label_smoothing < 0.5:
             errors.append(f"algorithm.preference.label_smoothing={pref.label_smoothing} must lie in [0, 0.5): the "
                           "assumed flip rate of cDPO / rDPO (0 = off)")
-        if pref.pairs == "policy":
+        if not _is_pairs_file(pref.pairs):
             if cfg.rollout.group_size < 2:
                 errors.append(f"rollout.group_size={cfg.rollout.group_size}: preference pairs from the policy's "
                               "own groups need at least 2 samples per prompt; raise rollout.group_size")
+            if pref.pairs == "start_policy" and pref.pool_prompts < cfg.trainer.prompts_per_step:
+                errors.append(f"algorithm.preference.pool_prompts={pref.pool_prompts} is smaller than one step's "
+                              f"trainer.prompts_per_step={cfg.trainer.prompts_per_step}; raise it (the pool is "
+                              "sampled once and drawn from at every step)")
         elif not Path(pref.pairs).is_file():
             errors.append(f"algorithm.preference.pairs={pref.pairs!r} is not a file; give a local JSONL file "
-                          "with prompt/chosen/rejected fields, or pairs=policy to pair the policy's own samples")
+                          "with prompt/chosen/rejected fields, pairs=policy to pair the policy's own samples, or "
+                          "pairs=start_policy for a fixed pool of the starting policy's scored groups")
 
     def make_sampler(self, cfg, engine, tokenizer, train_items: list, environment=None):
-        if cfg.algorithm.preference.pairs != "policy":
-            return PairFileSampler(cfg.algorithm.preference.pairs, tokenizer, seed=cfg.seed,
-                                   label_flip_prob=cfg.algorithm.preference.label_flip_prob)
-        return super().make_sampler(cfg, engine, tokenizer, train_items, environment)
+        pref = cfg.algorithm.preference
+        if _is_pairs_file(pref.pairs):
+            return PairFileSampler(pref.pairs, tokenizer, seed=cfg.seed, label_flip_prob=pref.label_flip_prob)
+        online = super().make_sampler(cfg, engine, tokenizer, train_items, environment)
+        return StartPolicyPool(online, pref.pool_prompts, cfg.seed) if pref.pairs == "start_policy" else online
 
     def prepare(self, batch, algo, *, normalizer, step: int, seed: int = 0):
         """(chosen, rejected) pairs from each scored group by the registered pairing, each swapped
@@ -148,7 +200,7 @@ class Preference(Objective):
                                                   **settings_of(pref))
         metrics = {"rollout/preference_pairs": float(len(chosen))}
         flip_prob = pref.label_flip_prob
-        if flip_prob > 0 and pref.pairs == "policy":
+        if flip_prob > 0 and not _is_pairs_file(pref.pairs):
             chosen, rejected, flipped = flip_pairs(chosen, rejected, generator=label_noise_generator(seed, step),
                                                    flip_prob=flip_prob)
             metrics["reward/label_flipped_frac"] = float(flipped.float().mean()) if len(flipped) else 0.0
@@ -176,6 +228,11 @@ class Preference(Objective):
     def run_name_knobs(self, algo) -> str:
         # Preference losses have no ratio to clip; β is the KL strength that matters.
         return f"beta{algo.preference.beta:g}"
+
+
+def _is_pairs_file(pairs: str) -> bool:
+    """algorithm.preference.pairs names a JSONL file (anything but the two sampled sources)."""
+    return pairs not in ("policy", "start_policy")
 
 
 OBJECTIVES.register("preference")(Preference())
