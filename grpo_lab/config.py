@@ -127,8 +127,10 @@ def _value_checks(cfg: DictConfig, errors: list[str], machine: bool) -> DictConf
     # Also here: a run directory given explicitly (hydra.run.dir=...) does not go through the resolver.
     if (error := run_name_error(cfg.get("run_name"))) is not None:
         errors.append(error)
-    # A NaN or inf anywhere (a learning rate, a reward weight, a clip range) silently ruins a run.
-    for bad in _non_finite_floats(OmegaConf.to_container(cfg, resolve=True)):
+    # A NaN or inf anywhere (a learning rate, a reward weight, a clip range) silently ruins a run. Hydra's
+    # own node is left out: the run-directory resolver calls this while Hydra resolves that node.
+    run_keys = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    for bad in _non_finite_floats(OmegaConf.to_container(run_keys, resolve=True)):
         errors.append(f"{bad} is not a finite number; set it to a finite value")
     cfg = _check_group_size_schedule(cfg, errors)
     for check in (_check_algorithm, _check_rollout, _check_learner, _check_world_size, _check_learner_scale,
