@@ -215,6 +215,9 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
         per = 18 if bf16 else 16
         add("critic (+AdamW)", per * C / n_dev, f"{per}·C{shard}, C=trunk+head={C:,}")
 
+    if "reward_model" in cfg.reward.weights:
+        _reward_model_items(cfg, arch, add, plan.notes)
+
     T = micro_batch_tokens(cfg)
     layer = e * (4 * h + 2 * (arch.num_heads + arch.num_kv_heads) * arch.d + 4 * arch.intermediate_size)
     if ln.gradient_checkpointing:
@@ -251,6 +254,28 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
         plan.notes.append(f"learner.num_devices={n_dev}: weights, gradients, optimizer, reference and critic "
                           "sharded FSDP-style (learner.strategy=fsdp2 under torchrun --nproc_per_node N)")
     return plan
+
+
+def _reward_model_items(cfg: DictConfig, arch: Arch, add, notes: list[str]) -> None:
+    """The learned reward models a run optimises against (reward=reward_model): each of the ensemble_size
+    members holds the trunk and a scalar head in fp32 (bf16 is autocast over them); with online refresh
+    (refresh_every > 0) each also trains: gradients and AdamW state (full), or LoRA adapters. They sit in
+    the trainer process beside the learner, unsharded. Their training before RL starts, and their
+    scoring forwards (no gradient), peak below the learner's update and are not counted."""
+    rm = cfg.reward_model
+    if rm.trunk == "path":
+        notes.append("reward_model.trunk=path: the reward model's size is not planned (its directory is read when "
+                     "it loads)")
+        return
+    k, C = int(rm.ensemble_size), arch.trunk_params() + arch.hidden_size + 1
+    members = f"{k} × " if k > 1 else ""
+    if rm.refresh_every > 0 and rm.lora.rank > 0:
+        A = lora_params(arch, int(rm.lora.rank), rm.lora.target_modules)
+        add("reward model (refreshed, LoRA)", k * (4 * C + 16 * A), f"{members}(4·C + 16·A), C=trunk+head={C:,}, A={A:,}")
+    elif rm.refresh_every > 0:
+        add("reward model (refreshed, +AdamW)", k * 16 * C, f"{members}16·C (weights, gradients, AdamW), C={C:,}")
+    else:
+        add("reward model (frozen)", k * 4 * C, f"{members}4·C, C=trunk+head={C:,}")
 
 
 def _with(cfg: DictConfig, **updates) -> DictConfig:

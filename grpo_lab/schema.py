@@ -721,6 +721,9 @@ class RewardModelConfig:
     # Groups (pairs) per optimizer step, at most this many steps, held-out evaluation every eval_every steps;
     # training stops after `patience` evaluations without a better held-out accuracy and keeps the best one.
     batch_size: int = 32
+    # Groups per forward/backward within a step (null: the whole batch); the gradient is accumulated, so the
+    # step is the same and only the memory of its activations changes.
+    micro_batch_size: Optional[int] = None
     max_steps: int = 600
     eval_every: int = 25
     patience: int = 4

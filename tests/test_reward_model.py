@@ -74,6 +74,35 @@ def test_plackett_luce_on_ranked_lists_and_bradley_terry_margins_train(model_dir
     assert torch.isfinite(torch.tensor(m["reward_model/loss"]))
 
 
+@pytest.mark.parametrize("loss, lists", [("bradley_terry", False), ("bradley_terry", True), ("plackett_luce", True)])
+def test_a_micro_batched_ranking_step_equals_the_whole_batch_step(model_dir, one_thread, loss, lists):
+    """Micro-batches of 3 groups (the last one shorter) accumulate exactly the whole batch's gradient: each
+    is weighted by its share of the pairs (Bradley-Terry; ranked lists of different lengths have different
+    numbers of pairs) or rows (Plackett-Luce) the loss averages over. Same weights after the step, same loss
+    and metrics."""
+    data = pairs(8, seed=6)
+    if lists:   # lists of 2 to 4 completions, best first
+        groups = [(p, [c, c + "0", c + "00", c + "000"][:2 + i % 3]) for i, (p, c, _) in enumerate(data)]
+    else:
+        groups = [(p, [c, r]) for p, c, r in data]
+    grads = {}
+    whole, micro = RewardModel(model_dir, lr=3e-3, seed=0), RewardModel(model_dir, lr=3e-3, seed=0)
+    for name, rm in (("whole", whole), ("micro", micro)):
+        step = rm.second.trainable.clip_and_step
+
+        def record_then_step(rm=rm, step=step, name=name):   # the accumulated gradient, then the real step
+            grads[name] = {n: p.grad.clone() for n, p in rm.model.named_parameters() if p.grad is not None}
+            return step()
+        rm.second.trainable.clip_and_step = record_then_step
+    a = whole.ranking_step(groups, loss=loss)
+    b = micro.ranking_step(groups, loss=loss, micro_batch_size=3)
+    for k in a:
+        assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+    assert grads["whole"].keys() == grads["micro"].keys() and grads["whole"]
+    for n, g in grads["whole"].items():
+        torch.testing.assert_close(grads["micro"][n], g, rtol=1e-4, atol=1e-7, msg=n)
+
+
 def test_the_saved_reward_model_loads_as_a_sequence_classifier_with_the_same_scores(model_dir, tmp_path, one_thread):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

@@ -44,7 +44,9 @@ def _pair_metrics(better: Tensor, worse: Tensor) -> dict[str, Tensor]:
             "margin": diff.mean() if len(diff) else diff.new_zeros(())}
 
 
-@RANKING_LOSSES.register("bradley_terry")
+# Fact `averages_over`: what the loss is a mean over (adjacent pairs of each row, or rows), so a batch split
+# into micro-batches weights each by its share of them and the summed gradient is the whole batch's.
+@RANKING_LOSSES.register("bradley_terry", averages_over="pairs")
 def bradley_terry_loss(scores: Tensor, mask: Tensor, *, margin: Tensor | None = None) -> tuple[Tensor, dict]:
     """Mean over adjacent ranked pairs of −log σ(s_w − s_l − m); m = margin[row] (0 when None)."""
     better, worse, rows = _adjacent_pairs(scores, mask)
@@ -53,7 +55,7 @@ def bradley_terry_loss(scores: Tensor, mask: Tensor, *, margin: Tensor | None = 
     return loss, _pair_metrics(better, worse)
 
 
-@RANKING_LOSSES.register("plackett_luce")
+@RANKING_LOSSES.register("plackett_luce", averages_over="rows")
 def plackett_luce_loss(scores: Tensor, mask: Tensor, *, margin: Tensor | None = None) -> tuple[Tensor, dict]:
     """Mean over rows of the negative log-likelihood of the row's ranking (module docstring). `margin`
     is a pairwise notion and is refused here."""

@@ -4,7 +4,7 @@ second model takes, each through code the policy already uses.
     SecondModel(model, *, lr, grad_clip, prefix)        (SecondModel.causal_lm(model_dir, ...) for an LM)
         .sft_update(tokenizer, items, *, batch_size, steps, seed)    -> loss   (grpo_lab.warmup.sft_loop)
         .rl_update(examples, algo, *, batch_size, steps, seed, ...) -> loss   (the policy-gradient objective)
-        .ranking_update(scores_fn, mask, *, loss, margin)           -> (loss, metrics)   (RANKING_LOSSES)
+        .ranking_update(micro_batches, *, loss)                     -> (loss, metrics)   (RANKING_LOSSES)
         .state_dict() / .load_state_dict(state)                                (weights and optimizer)
         .metrics(values) -> {prefix + name: value}
 
@@ -91,14 +91,30 @@ class SecondModel:
             loss = self.trainable.train_step(policy_loss)[0]
         return loss
 
-    def ranking_update(self, scores_fn, mask: torch.Tensor, *, loss: str = "bradley_terry",
-                       margin: torch.Tensor | None = None) -> tuple[float, dict[str, float]]:
-        """One step of the registered ranking loss: `scores_fn()` -> scores [N, k] of each row's completions
-        in the labeller's order, best first (real entries in `mask`); returns (loss, metrics: accuracy,
-        margin, grad_norm)."""
-        value, grad_norm, metrics = self.trainable.train_step(
-            lambda: RANKING_LOSSES.call(loss, scores_fn(), mask, margin=margin))
-        return value, {**{k: float(v) for k, v in metrics.items()}, "grad_norm": grad_norm}
+    def ranking_update(self, micro_batches, *, loss: str = "bradley_terry") -> tuple[float, dict[str, float]]:
+        """One step of the registered ranking loss over a batch split into micro-batches, each
+        (scores_fn, mask, margin): `scores_fn()` -> scores [n, k] of each row's completions in the labeller's
+        order, best first (real entries in `mask`). Each micro-batch's loss is weighted by its share of what
+        the loss averages over (the entry's fact `averages_over`: adjacent pairs or rows) and its gradient
+        accumulated, so the step equals the whole batch's. Returns (loss, metrics: accuracy, margin,
+        grad_norm); accuracy and margin are means over adjacent pairs (grpo_lab/algos/ranking.py), weighted so."""
+        def pairs(mask: torch.Tensor) -> float:
+            return float(((mask[:, :-1] > 0) & (mask[:, 1:] > 0)).sum())
+
+        by_rows = RANKING_LOSSES.fact(loss, "averages_over") == "rows"
+        loss_total = sum(len(m) if by_rows else pairs(m) for _, m, _ in micro_batches) or 1.0
+        pair_total = sum(pairs(m) for _, m, _ in micro_batches) or 1.0
+        t, value, sums = self.trainable, 0.0, {}
+        t.zero_grad()
+        for scores_fn, mask, margin in micro_batches:
+            with t.autocast():
+                part, metrics = RANKING_LOSSES.call(loss, scores_fn(), mask, margin=margin)
+            share = (len(mask) if by_rows else pairs(mask)) / loss_total
+            (part * share).backward()
+            value += part.item() * share
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * pairs(mask) / pair_total
+        return value, {**sums, "grad_norm": t.clip_and_step()}
 
     def state_dict(self) -> dict:
         return copy.deepcopy({"model": self.model.state_dict(), "optimizer": self.trainable.optimizer.state_dict()})

@@ -76,21 +76,29 @@ class RewardModel:
             self.model.train()
 
     def ranking_step(self, groups: Sequence[tuple[str, Sequence[str]]], *, loss: str = "bradley_terry",
-                     margins: Sequence[float] | None = None) -> dict[str, float]:
-        """One optimizer step on `groups`, each (prompt, completions best first: a pair is two); returns
+                     margins: Sequence[float] | None = None, micro_batch_size: int | None = None) -> dict[str, float]:
+        """One optimizer step on `groups`, each (prompt, completions best first: a pair is two), forward and
+        backward `micro_batch_size` groups at a time (None: all at once; the step is the same); returns
         reward_model/ metrics (loss, pairwise accuracy, margin, gradient norm)."""
         k = max(len(c) for _, c in groups)
-        rows = [self.encode(p, c) for p, completions in groups for c in completions]
-        mask = torch.tensor([[1.0] * len(c) + [0.0] * (k - len(c)) for _, c in groups], device=self.device)
-        margin = None if margins is None else torch.tensor(list(margins), dtype=torch.float32, device=self.device)
+        size = micro_batch_size or len(groups)
 
-        def ranked_scores():
-            flat = self._forward(rows)                                          # [sum of lengths]
-            out = torch.zeros(len(groups), k, device=self.device, dtype=flat.dtype)
-            out[mask > 0] = flat                                                # row-major: each group's order
-            return out
+        def micro_batch(start: int):
+            part = groups[start:start + size]
+            rows = [self.encode(p, c) for p, completions in part for c in completions]
+            mask = torch.tensor([[1.0] * len(c) + [0.0] * (k - len(c)) for _, c in part], device=self.device)
+            margin = None if margins is None else torch.tensor(list(margins[start:start + size]),
+                                                               dtype=torch.float32, device=self.device)
+
+            def ranked_scores():
+                flat = self._forward(rows)                                      # [sum of lengths]
+                out = torch.zeros(len(part), k, device=self.device, dtype=flat.dtype)
+                out[mask > 0] = flat                                            # row-major: each group's order
+                return out
+            return ranked_scores, mask, margin
+
         self.model.train()
-        value, metrics = self.second.ranking_update(ranked_scores, mask, loss=loss, margin=margin)
+        value, metrics = self.second.ranking_update([micro_batch(s) for s in range(0, len(groups), size)], loss=loss)
         return self.second.metrics({"loss": value, **metrics})
 
     def save(self, path: str | Path) -> None:

@@ -111,7 +111,8 @@ def fit(rm, train: Sequence[RankedGroup], held_out: Sequence[RankedGroup], rm_cf
         batch = [train[i] for i in order[:rm_cfg.batch_size]]
         order = order[rm_cfg.batch_size:]
         margins = [g.margin or 0.0 for g in batch] if any(g.margin for g in batch) else None
-        metrics = rm.ranking_step([(g.prompt, g.completions) for g in batch], loss=rm_cfg.loss, margins=margins)
+        metrics = rm.ranking_step([(g.prompt, g.completions) for g in batch], loss=rm_cfg.loss, margins=margins,
+                                  micro_batch_size=rm_cfg.micro_batch_size)
         if step % rm_cfg.eval_every and step != rm_cfg.max_steps:
             continue
         held = preference_metrics(score_groups(rm, held_out))
@@ -153,6 +154,8 @@ def check_reward_model(cfg, errors: list[str]) -> None:
                                     f"({', '.join(RANKING_LOSSES.names())})")
     for key in ("lr", "batch_size", "max_steps", "eval_every", "patience", "ensemble_size"):
         need(getattr(rm, key) > 0, f"reward_model.{key}={getattr(rm, key)} must be > 0")
+    need(rm.micro_batch_size is None or rm.micro_batch_size > 0,
+         f"reward_model.micro_batch_size={rm.micro_batch_size} must be > 0, or null (the whole batch at once)")
     need(rm.grad_clip >= 0 and rm.weight_decay >= 0 and rm.margin_scale >= 0,
          "reward_model.grad_clip, weight_decay and margin_scale must be >= 0")
     need(rm.refresh_every >= 0 and rm.refresh_pairs > 0 and rm.refresh_steps > 0,

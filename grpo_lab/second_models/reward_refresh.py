@@ -62,7 +62,7 @@ class RewardRefresh:
             for _ in range(cfg.refresh_steps):
                 margins = [g.margin or 0.0 for g in groups] if any(g.margin for g in groups) else None
                 metrics = member.ranking_step([(g.prompt, g.completions) for g in groups], loss=cfg.loss,
-                                              margins=margins)
+                                              margins=margins, micro_batch_size=cfg.micro_batch_size)
         # The last member's last step (its accuracy is on the pairs before that step: the proxy's error rate
         # on the current policy's samples, the quantity a refresh exists to keep low).
         return {**{k.replace("reward_model/", "reward_model/refresh_"): v for k, v in metrics.items()},
