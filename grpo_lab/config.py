@@ -111,7 +111,12 @@ def validate(cfg: DictConfig, *, machine: bool = True, also_reads: tuple[str, ..
     # recipe's declared memory.
     errors.extend(memory_plan_errors(cfg, machine=machine))
     if errors:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+        raise invalid_config(errors)
+
+
+def invalid_config(errors: list[str], note: str = "") -> ConfigError:
+    """The refusal listing every problem, one a line (and `note` after them)."""
+    return ConfigError("invalid config:\n  - " + "\n  - ".join(errors) + (f"\n{note}" if note else ""))
 
 
 def value_errors(cfg: DictConfig, *, machine: bool = True) -> list[str]:
@@ -536,4 +541,4 @@ def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-__all__ = ["register_configs", "validate", "value_errors", "finalize", "derive_run_name", "to_yaml"]
+__all__ = ["register_configs", "validate", "value_errors", "invalid_config", "finalize", "derive_run_name", "to_yaml"]

@@ -1,7 +1,7 @@
 """Launch, resume and refusal of a run: what `python -m grpo_lab.train [overrides]` does around the loop.
 
-`python -m grpo_lab.train` calls main("grpo_lab.train:train") here (grpo_lab.train.main(), main(train)): Hydra parses the command line (`-m` sweeps; torchrun ranks
-above 0 only serve rank 0's learner), and each job's `run` takes the run directory (one process per
+`python -m grpo_lab.train` calls main("grpo_lab.train:train") here (grpo_lab.train.main(): main(train)):
+Hydra parses the command line (`-m` sweeps; torchrun ranks above 0 only serve rank 0's learner), and each job's `run` takes the run directory (one process per
 directory; a fresh run never writes into another run's), validates the config and prints the memory plan
 before any model loads, compares a resume with the config its checkpoint was written under, and records
 the outcome, a failure before the start included, around the loop it was given (grpo_lab.train.train).
@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grpo_lab import checkpoint, run_guard
-from grpo_lab.config import finalize, register_configs, validate, value_errors
+from grpo_lab.config import finalize, invalid_config, register_configs, validate, value_errors
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
 from grpo_lab.schema import ConfigError
 
@@ -110,8 +110,8 @@ def run(cfg: DictConfig, loop: Loop | str) -> float:
     try:
         lock = run_guard.RunLock(run_dir)   # one process per run directory, before anything is loaded
         if refused_by_values:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(refused_by_values) + "\n(the registered "
-                              "parts, reward, task and memory plan are checked once these are fixed)")
+            raise invalid_config(refused_by_values, "(the registered parts, reward, task and memory plan are "
+                                                    "checked once these are fixed)")
         validate(cfg)  # before any model is loaded (includes the memory plan's verdict)
         from grpo_lab.memory_plan import plan_memory
         from grpo_lab.run_setup import open_recorder, record_outcome
@@ -160,9 +160,9 @@ def quiet_libraries(verbose: bool) -> None:
     warnings (vLLM's NUMA binding notice), deprecation warnings raised inside the libraries, and the
     progress bars of loading and writing weights, unless `verbose`. One line stays: vLLM's engine
     processes report "Triton is installed, but doesn't include CPU backend" on a CPU before vLLM has
-    configured its logging (Python's last-resort handler prints it), which no setting reaches. Set as environment variables before
-    torch or vLLM load, so the processes the run starts (vLLM's engine core and workers) inherit them; a
-    variable the user set wins. The lab's warnings and errors are printed as before."""
+    configured its logging (Python's last-resort handler prints it), which no setting reaches. Set as
+    environment variables before torch or vLLM load, so the processes the run starts (vLLM's engine core
+    and workers) inherit them; a variable the user set wins. The lab's warnings and errors are printed as before."""
     if verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         return

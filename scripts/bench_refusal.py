@@ -32,8 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 def timed(cmd: list[str], cwd: Path) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=cwd, capture_output=True, env={**os.environ, "WANDB_MODE": "disabled"})
-    elapsed = time.perf_counter() - t0
-    return elapsed
+    return time.perf_counter() - t0
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ from .preference import (
     ipo_loss,
     sequence_logps,
 )
-from .ranking import RANKING_LOSSES, bradley_terry_loss, plackett_luce_loss
+from .ranking import RANKING_LOSSES, adjacent_pair_mask, bradley_terry_loss, plackett_luce_loss
 from .rollout_correction import (
     ROLLOUT_CORRECTION_LEVELS,
     ROLLOUT_CORRECTION_MODES,
@@ -71,7 +71,7 @@ __all__ = [
     "PAIRINGS",
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
-    "RANKING_LOSSES",
+    "RANKING_LOSSES", "adjacent_pair_mask",
     "ROLLOUT_CORRECTION_LEVELS",
     "ROLLOUT_CORRECTION_MODES",
     "aggregate",

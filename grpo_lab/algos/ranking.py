@@ -31,9 +31,14 @@ from grpo_lab.registry import Registry
 RANKING_LOSSES = Registry("ranking loss")
 
 
+def adjacent_pair_mask(mask: Tensor) -> Tensor:
+    """Bool [N, k-1]: neighbours i, i+1 of a row both real (the pairs the losses and metrics average over)."""
+    return (mask[:, :-1] > 0) & (mask[:, 1:] > 0)
+
+
 def _adjacent_pairs(scores: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(better [P], worse [P], row of each [P]) for every pair of neighbours i, i+1 both real."""
-    both = (mask[:, :-1] > 0) & (mask[:, 1:] > 0)                           # [N, k-1]
+    both = adjacent_pair_mask(mask)                                          # [N, k-1]
     rows = torch.arange(scores.shape[0], device=scores.device)[:, None].expand_as(both)
     return scores[:, :-1][both], scores[:, 1:][both], rows[both]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from grpo_lab.algos import RANKING_LOSSES
+from grpo_lab.algos import RANKING_LOSSES, adjacent_pair_mask
 from grpo_lab.learner.batch import collate, completion_stats
 from grpo_lab.learner.trainable import TrainableModel
 from grpo_lab.objectives import OBJECTIVES
@@ -99,7 +99,7 @@ class SecondModel:
         accumulated, so the step equals the whole batch's. Returns (loss, metrics: accuracy, margin,
         grad_norm); accuracy and margin are means over adjacent pairs (grpo_lab/algos/ranking.py), weighted so."""
         def pairs(mask: torch.Tensor) -> float:
-            return float(((mask[:, :-1] > 0) & (mask[:, 1:] > 0)).sum())
+            return float(adjacent_pair_mask(mask).sum())
 
         by_rows = RANKING_LOSSES.fact(loss, "averages_over") == "rows"
         loss_total = sum(len(m) if by_rows else pairs(m) for _, m, _ in micro_batches) or 1.0
