@@ -31,7 +31,7 @@ resume: venv ## Continue a killed run from its newest checkpoint: make resume RU
 	$(PY) -m grpo_lab.resume $(RUN) $(ARGS)
 
 test: venv ## Offline test suite (CPU, well under 20 minutes; excludes tests marked slow)
-	$(PY) -m pytest -m "not slow" -q $(ARGS)
+	$(PY) -m pytest -m "not slow" -q --durations=25 $(ARGS)
 
 test-slow: venv ## Only the slow tests (longer end-to-end runs)
 	$(PY) -m pytest -m slow -q $(ARGS)

@@ -258,10 +258,11 @@ def plan_memory(cfg: DictConfig, *, machine: bool = True, device_memory: Optiona
 
 def _reward_model_items(cfg: DictConfig, arch: Arch, add, notes: list[str]) -> None:
     """The learned reward models a run optimises against (reward=reward_model): each of the ensemble_size
-    members holds the trunk and a scalar head in fp32 (bf16 is autocast over them); with online refresh
-    (refresh_every > 0) each also trains: gradients and AdamW state (full), or LoRA adapters. They sit in
-    the trainer process beside the learner, unsharded. Their training before RL starts, and their
-    scoring forwards (no gradient), peak below the learner's update and are not counted."""
+    members holds the trunk and a scalar head, frozen in reward.reward_model.dtype (fp32, or bf16 to score
+    only); with online refresh (refresh_every > 0) each also trains in fp32: gradients and AdamW state
+    (full), or LoRA adapters. They sit in the trainer process beside the learner, unsharded. Their training
+    before RL starts, and their scoring forwards (no gradient), peak below the learner's update and are not
+    counted."""
     rm = cfg.reward_model
     if rm.trunk == "path":
         notes.append("reward_model.trunk=path: the reward model's size is not planned (its directory is read when "
@@ -275,7 +276,9 @@ def _reward_model_items(cfg: DictConfig, arch: Arch, add, notes: list[str]) -> N
     elif rm.refresh_every > 0:
         add("reward model (refreshed, +AdamW)", k * 16 * C, f"{members}16·C (weights, gradients, AdamW), C={C:,}")
     else:
-        add("reward model (frozen)", k * 4 * C, f"{members}4·C, C=trunk+head={C:,}")
+        dtype = cfg.reward.reward_model.dtype
+        add("reward model (frozen)", k * _dtype_bytes(dtype) * C,
+            f"{members}{_dtype_bytes(dtype)}·C ({dtype}), C=trunk+head={C:,}")
 
 
 def _with(cfg: DictConfig, **updates) -> DictConfig:

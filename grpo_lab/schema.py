@@ -315,6 +315,10 @@ class RewardModelRewardConfig:
     ensemble_std_coef: float = 1.0
     # Rows per reward-model forward.
     batch_size: int = 64
+    # The frozen models' weights while scoring: fp32 | bf16 (half the memory of each member, as verl and OpenRLHF
+    # hold reward models; scores move by bf16 rounding). An online refresh (reward_model.refresh_every > 0)
+    # trains its members in fp32 and so needs fp32 here.
+    dtype: str = "fp32"
 
 
 @dataclass

@@ -342,7 +342,7 @@ def multi_turn_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("multi_turn_cache")
 
 
-def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, multi_turn_cache, monkeypatch):
+def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, warm_cache, monkeypatch):
     import grpo_lab.train as train
 
     seen = []
@@ -355,7 +355,7 @@ def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, mul
     monkeypatch.setattr(train, "to_learner_batch", recording)
     run_dir = tmp_path / "run"
     code = train_in_process([*TINY_RUN, "rollout=hf", "interaction=verifier_feedback", "trainer.log_samples_every=1",
-                             f"hydra.run.dir={run_dir}", f"cache_dir={multi_turn_cache}"], monkeypatch)
+                             f"hydra.run.dir={run_dir}", f"cache_dir={warm_cache}"], monkeypatch)
     assert code == 0, (run_dir / "summary.json").read_text() if (run_dir / "summary.json").exists() else code
     lines = read_metrics(run_dir)
     for m in lines[1:3]:

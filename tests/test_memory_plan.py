@@ -233,9 +233,9 @@ def test_the_tiny_default_fits_this_machine():
 
 
 def test_a_learned_reward_model_is_planned_beside_the_learner():
-    """reward=reward_model: each ensemble member holds the trunk and a scalar head in fp32 (4·C bytes), and
-    with online refresh also its gradients and AdamW state (16·C), or LoRA adapters; C by hand for the tiny
-    model the head adds h + 1 = 129 parameters to its trunk."""
+    """reward=reward_model: each ensemble member holds the trunk and a scalar head in fp32 (4·C bytes; 2·C when
+    it only scores in bf16), and with online refresh also its gradients and AdamW state (16·C), or LoRA
+    adapters; C by hand for the tiny model the head adds h + 1 = 129 parameters to its trunk."""
     arch = resolve_arch(make(["experiment=rlhf_tiny"]))
     C = arch.trunk_params() + arch.hidden_size + 1
     assert arch.hidden_size == 128 and C == arch.trunk_params() + 129
@@ -243,6 +243,9 @@ def test_a_learned_reward_model_is_planned_beside_the_learner():
     assert frozen.item("reward model (frozen)") == 4 * C
     three = plan_memory(make(["experiment=rlhf_tiny", "reward_model.ensemble_size=3"]), machine=False)
     assert three.item("reward model (frozen)") == 3 * 4 * C
+    scoring_bf16 = plan_memory(make(["experiment=rlhf_tiny", "reward_model.ensemble_size=3",
+                                     "reward.reward_model.dtype=bf16"]), machine=False)
+    assert scoring_bf16.item("reward model (frozen)") == 3 * 2 * C
     refreshed = plan_memory(make(["experiment=rlhf_tiny", "reward_model.refresh_every=5"]), machine=False)
     assert refreshed.item("reward model (refreshed, +AdamW)") == 16 * C and refreshed.item("reward model (frozen)") == 0
     assert refreshed.total == frozen.total + 12 * C

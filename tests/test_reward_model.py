@@ -124,3 +124,30 @@ def test_the_saved_reward_model_loads_as_a_sequence_classifier_with_the_same_sco
                   for r in rows]
     assert loaded.config.pad_token_id == tok.pad_token_id
     assert theirs == pytest.approx(ours, abs=1e-4)
+
+
+def test_a_saved_reward_model_scores_in_bf16_with_half_the_weight_memory_and_near_fp32_scores(model_dir, tmp_path,
+                                                                                            one_thread):
+    """reward.reward_model.dtype=bf16: the frozen copy's weights are bf16 (2 bytes a parameter, what the memory
+    plan counts), its scores differ from fp32's by bf16 rounding only, and it is a separate copy from the fp32
+    one an online refresh trains (forget_reward_model drops both)."""
+    from grpo_lab.second_models.reward_model import forget_reward_model, loaded_reward_model
+
+    rm = RewardModel(model_dir, lr=3e-3, seed=0)
+    data = parity_pairs(64, seed=3)
+    for _ in range(5):
+        rm.ranking_step([(p, [c, r]) for p, c, r in data])
+    rm.save(tmp_path / "rm")
+    fp32, bf16 = loaded_reward_model(tmp_path / "rm"), loaded_reward_model(tmp_path / "rm", "bf16")
+    assert fp32 is not bf16 and loaded_reward_model(tmp_path / "rm", "bf16") is bf16
+    assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    bytes_of = lambda m: sum(p.numel() * p.element_size() for p in m.model.parameters())   # noqa: E731
+    assert bytes_of(bf16) * 2 == bytes_of(fp32)
+    prompts, completions = [p for p, _, _ in data], [c for _, c, _ in data]
+    exact, rounded = torch.tensor(fp32.scores(prompts, completions)), torch.tensor(bf16.scores(prompts, completions))
+    assert exact.std() > 0 and not torch.equal(exact, rounded)
+    torch.testing.assert_close(rounded, exact, rtol=0.05, atol=0.05 * float(exact.abs().max()))
+    forget_reward_model(tmp_path / "rm")
+    assert loaded_reward_model(tmp_path / "rm", "bf16") is not bf16 and loaded_reward_model(tmp_path / "rm") is not fp32
+    forget_reward_model(tmp_path / "rm")

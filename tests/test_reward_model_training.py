@@ -139,6 +139,9 @@ def compose(*overrides):
     (["reward_model.trunk=path", "reward_model.path=/nonexistent/model"], "not a directory"),
     (["reward=reward_model", "reward.reward_model.normalize=running"], "reward_ema_decay"),
     (["reward=reward_model", "reward.reward_model.dirs=[/nonexistent/rm]"], "holds no saved reward model"),
+    (["reward=reward_model", "reward.reward_model.dtype=fp16"], "must be one of fp32, bf16"),
+    (["reward=reward_model", "reward.reward_model.dtype=bf16", "reward_model.refresh_every=5"],
+     "trains the scoring models in fp32"),
 ])
 def test_bad_reward_model_settings_are_refused_before_anything_loads(overrides, message):
     from grpo_lab.config import validate

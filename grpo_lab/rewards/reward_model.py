@@ -30,6 +30,7 @@ from torch import Tensor
 
 
 NORMALIZATIONS = ("none", "batch", "group")
+SCORING_DTYPES = ("fp32", "bf16")
 ENSEMBLE_RULES = ("mean", "min", "mean_minus_std")
 
 
@@ -78,6 +79,8 @@ def check_reward_model_reward(rw: Any, errors: list[str], machine: bool = True) 
         errors.append(f"reward.reward_model.ensemble_std_coef={r.ensemble_std_coef} must be >= 0")
     if r.batch_size < 1:
         errors.append(f"reward.reward_model.batch_size={r.batch_size} must be >= 1")
+    if r.dtype not in SCORING_DTYPES:
+        errors.append(f"reward.reward_model.dtype={r.dtype!r} must be one of {', '.join(SCORING_DTYPES)}")
     if r.dirs is not None:
         if not r.dirs:
             errors.append("reward.reward_model.dirs=[] names no reward model; give directories or null (train one)")
@@ -87,4 +90,5 @@ def check_reward_model_reward(rw: Any, errors: list[str], machine: bool = True) 
                               "train one with `python -m grpo_lab.train_reward_model` or set dirs=null")
 
 
-__all__ = ["ENSEMBLE_RULES", "NORMALIZATIONS", "check_reward_model_reward", "combine_members", "normalize_scores"]
+__all__ = ["ENSEMBLE_RULES", "NORMALIZATIONS", "SCORING_DTYPES", "check_reward_model_reward", "combine_members",
+           "normalize_scores"]

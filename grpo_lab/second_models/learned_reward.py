@@ -51,7 +51,7 @@ def reward_model_reward(completions: list[str], *, prompt: list[str], reward_mod
     if not dirs:
         raise RuntimeError("reward.reward_model.dirs is empty: a run trains its reward models before the first "
                            "step; a reward call outside a run must name them")
-    members = [loaded_reward_model(d) for d in dirs]
+    members = [loaded_reward_model(d, str(reward_model["dtype"])) for d in dirs]
     batch = int(reward_model["batch_size"])
     scores = torch.tensor([m.scores(prompt, completions, batch_size=batch) for m in members], dtype=torch.float32)
     values = combine_members(scores, str(reward_model["ensemble"]), float(reward_model["ensemble_std_coef"]))

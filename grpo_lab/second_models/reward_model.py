@@ -1,7 +1,8 @@
 """Reward models: a trunk with a scalar head read at the last token of prompt + completion, trained on
 ranked completions as a second model.
 
-    RewardModel(model_dir, *, lr, grad_clip, seed, lora=None, dtype="fp32", device="cpu", weight_decay=0.01)
+    RewardModel(model_dir, *, lr, grad_clip, seed, lora=None, dtype="fp32", device="cpu", weight_decay=0.01,
+                weights_dtype="fp32")
         .scores(prompts, completions, *, batch_size) -> [N] floats    (no gradient)
         .ranking_step(groups, *, loss, margins=None) -> metrics     one step on ranked groups, best first
         .save(dir)                                                  a directory AutoModelForSequenceClassification loads
@@ -12,8 +13,9 @@ num_labels=1): a linear `score` head on the trunk's hidden states, read at each 
 RewardTrainer and OpenRLHF's train_rm use the same head). Any trunk the lab builds or loads serves (the tiny
 Llama, SmolLM2-135M, a local HF directory); the head starts from the run's seed. The reward model scores
 *text* with its own tokenizer, so its tokenizer may differ from the policy's. LoRA puts adapters on the
-trunk and trains the head in full (grpo_lab.learner.trainable.apply_lora, task_type SEQ_CLS); bf16 is the
-shared piece's autocast. The step is `SecondModel.ranking_update` (grpo_lab/algos/ranking.py's registered
+trunk and trains the head in full (grpo_lab.learner.trainable.apply_lora, task_type SEQ_CLS); `dtype` bf16 is the
+shared piece's autocast over fp32 weights. A model that only scores may hold its weights in bf16
+(`weights_dtype`, reward.reward_model.dtype): half the memory, as verl and OpenRLHF hold reward models. The step is `SecondModel.ranking_update` (grpo_lab/algos/ranking.py's registered
 losses: Bradley–Terry with an optional margin per pair, Plackett–Luce on longer rankings); metrics carry the
 prefix ``reward_model/``.
 """
@@ -36,14 +38,14 @@ class RewardModel:
     """A scalar-head model over `model_dir`'s trunk (module docstring)."""
 
     def __init__(self, model_dir: str | Path, *, lr: float, grad_clip: float = 1.0, seed: int = 0, lora=None,
-                 dtype: str = "fp32", device: str = "cpu", weight_decay: float = 0.01):
+                 dtype: str = "fp32", device: str = "cpu", weight_decay: float = 0.01, weights_dtype: str = "fp32"):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)   # the new head's initialisation, without moving the run's generator
-            model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=1,
-                                                                       dtype=torch.float32)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                str(model_dir), num_labels=1, dtype=torch.bfloat16 if weights_dtype == "bf16" else torch.float32)
             # The head reads the last token that is not padding: the tokenizer's pad id marks it.
             model.config.pad_token_id = self.tokenizer.pad_token_id
             if lora is not None and lora.rank > 0:
@@ -110,21 +112,24 @@ class RewardModel:
         self.tokenizer.save_pretrained(str(path))
 
 
-_MODELS: dict[str, "RewardModel"] = {}
+_MODELS: dict[tuple[str, str], "RewardModel"] = {}
 _LOCK = threading.Lock()
 
 
-def loaded_reward_model(path: str | Path):
-    """The RewardModel saved at `path`, loaded once per process (on the GPU when there is one)."""
-    key = str(Path(path).resolve())
+def loaded_reward_model(path: str | Path, dtype: str = "fp32"):
+    """The RewardModel saved at `path` with its weights in `dtype` (fp32, or bf16 to score only), loaded once per
+    process (on the GPU when there is one)."""
+    key = (str(Path(path).resolve()), dtype)
     with _LOCK:
         if key not in _MODELS:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            _MODELS[key] = RewardModel(key, lr=0.0, device=device)
+            _MODELS[key] = RewardModel(key[0], lr=0.0, device=device, weights_dtype=dtype)
         return _MODELS[key]
 
 
 def forget_reward_model(path: str | Path) -> None:
-    """Drop a loaded model (an online refresh is done with it)."""
+    """Drop a loaded model, in every dtype (an online refresh is done with it)."""
+    path = str(Path(path).resolve())
     with _LOCK:
-        _MODELS.pop(str(Path(path).resolve()), None)
+        for key in [k for k in _MODELS if k[0] == path]:
+            del _MODELS[key]

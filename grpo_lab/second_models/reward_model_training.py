@@ -171,6 +171,9 @@ def check_reward_model(cfg, errors: list[str]) -> None:
                                                 "(reward.isolation=auto or thread): a worker process holds its own copy")
         need(cfg.interaction.environment in (None, "none") or cfg.interaction.max_turns == 1,
              "reward_model.refresh_every > 0 is single-turn only (a refresh relabels whole completions)")
+        need(cfg.reward.reward_model.dtype == "fp32",
+             f"reward_model.refresh_every > 0 trains the scoring models in fp32; set reward.reward_model.dtype=fp32 "
+             f"(not {cfg.reward.reward_model.dtype}) or refresh_every=0")
     need(data.source in ("policy_samples", "jsonl"),
          f"reward_model.data.source={data.source!r} must be policy_samples or jsonl")
     need(data.form in ("pairs", "ranked"), f"reward_model.data.form={data.form!r} must be pairs or ranked")
