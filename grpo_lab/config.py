@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_lab.cpu_placement import CPU_PLACEMENTS
 from grpo_lab.registry import check_registered
-from grpo_lab.schema import LEARNER_DTYPES, ROLLOUT_DTYPES, Config, ConfigError
+from grpo_lab.schema import LEARNER_DTYPES, ROLLOUT_DTYPES, SAMPLERS, Config, ConfigError
 
 
 def register_configs() -> None:
@@ -225,6 +225,10 @@ def _check_rollout(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     _check(r.temperature > 0.0, f"rollout.temperature={r.temperature} must be > 0 for sampled rollouts", errors)
     _check(0.0 < r.top_p <= 1.0, f"rollout.top_p={r.top_p} must lie in (0, 1]", errors)
     _check(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1", errors)
+    # Only the hf engine reads rollout.sampler, but a misspelt value is refused for every engine, so a
+    # sweep over engines does not carry it unnoticed.
+    _check(r.sampler in SAMPLERS, f"rollout.sampler={r.sampler!r}; valid choices: "
+           f"{', '.join(SAMPLERS)} (used by rollout=hf)", errors)
 
 
 def _check_engine(cfg: DictConfig, errors: list[str], machine: bool) -> None:
@@ -232,7 +236,6 @@ def _check_engine(cfg: DictConfig, errors: list[str], machine: bool) -> None:
     import torch
 
     from grpo_lab.rollout import ROLLOUT_ENGINES
-    from grpo_lab.rollout.hf_engine import SAMPLERS
 
     r, ln = cfg.rollout, cfg.learner
     if check_registered(ROLLOUT_ENGINES, r.engine, "rollout.engine", errors):
@@ -250,10 +253,6 @@ def _check_engine(cfg: DictConfig, errors: list[str], machine: bool) -> None:
         have = (torch.cuda.device_count() if on_cuda else os.cpu_count() or 1) if machine else tp * dp
         _check(tp * dp <= have, f"rollout.tensor_parallel_size={tp} × rollout.data_parallel_size={dp} = {tp * dp} "
                f"{'GPUs' if on_cuda else 'CPU cores'} but this machine has {have}: lower them", errors)
-    # Only the hf engine reads rollout.sampler, but a misspelt value is refused for every engine, so a
-    # sweep over engines does not carry it unnoticed.
-    _check(r.sampler in SAMPLERS, f"rollout.sampler={r.sampler!r}; valid choices: "
-           f"{', '.join(SAMPLERS)} (used by rollout=hf)", errors)
 
 
 def _check_learner(cfg: DictConfig, errors: list[str], machine: bool) -> None:

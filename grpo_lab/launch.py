@@ -9,8 +9,9 @@ A launch refused because its directory holds a run leaves that directory as it w
 
 The loop comes in as an argument (or its import path), so this module stays below grpo_lab.train
 (tests/test_layers.py). Nothing this module imports at its top loads torch, transformers or vLLM: a config
-whose own values are wrong is refused before they load, in about a second; the rest of the lab is imported
-once a config has passed those checks.
+whose own values are wrong, or that names an entry no registry holds (by the index an earlier launch wrote,
+grpo_lab.name_index), is refused before they load, in about a second; the rest of the lab is imported once a
+config has passed those checks.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from omegaconf import DictConfig
 from grpo_lab import checkpoint, run_guard
 from grpo_lab.config import finalize, invalid_config, register_configs, validate, value_errors
 from grpo_lab.logging.recorder import RunRecorder, record_failure, recorded_lines
+from grpo_lab.name_index import unknown_names, write_index
 from grpo_lab.schema import ConfigError
 
 # The loop a run trains with: (config, recorder, checkpoint to resume from or None) -> its result
@@ -101,18 +103,23 @@ def run(cfg: DictConfig, loop: Loop | str) -> float:
     directory."""
     run_guard.install_sigterm()
     hc = HydraConfig.get()
-    refused_by_values = value_errors(cfg)   # the config alone: nothing heavy is loaded for these
-    cfg = finalize(cfg, name_knobs=not refused_by_values)
+    # The config's own values, and names that no registry holds by the index of an earlier launch: nothing
+    # heavy is loaded for these.
+    refused_early = value_errors(cfg) + unknown_names(cfg, cfg.cache_dir)
+    cfg = finalize(cfg, name_knobs=not refused_early)
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
     lock = None
     try:
         lock = run_guard.RunLock(run_dir)   # one process per run directory, before anything is loaded
-        if refused_by_values:
-            raise invalid_config(refused_by_values, "(the registered parts, reward, task and memory plan are "
-                                                    "checked once these are fixed)")
+        if refused_early:
+            raise invalid_config(refused_early, "(the other checks run once these are fixed: the registered "
+                                                "parts' own settings, reward, task, memory plan)")
         validate(cfg)  # before any model is loaded (includes the memory plan's verdict)
+        # The names the registries hold, for the next launch's early refusal (after a valid config only: a
+        # refused launch writes nothing).
+        write_index(cfg.cache_dir)
         from grpo_lab.memory_plan import plan_memory
         from grpo_lab.run_setup import open_recorder, record_outcome
 

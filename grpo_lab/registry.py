@@ -113,7 +113,7 @@ class Registry:
             return self._entries[name]
         except (KeyError, TypeError):  # TypeError: unhashable name from a bad config
             pass
-        if isinstance(name, str) and (":" in name or "." in name):  # registered names have neither
+        if is_import_path(name):
             return self._import(name)
         raise UnknownChoiceError(
             f"unknown {self.kind} {name!r}; valid choices: {', '.join(self.names())} "
@@ -181,15 +181,33 @@ class Registry:
         return f"Registry({self.kind!r}, names={self.names()})"
 
 
+# Which config key named an entry of which registry, as this process's validation asked: (key, form) ->
+# registry, form "value" (the key's value, or each item of its list) or "keys" (the keys of the mapping at
+# `key`, e.g. reward.weights). grpo_lab.name_index writes it out so that a later launch refuses an unknown
+# name without importing the registries.
+CHECKED_KEYS: dict[tuple[str, str], Registry] = {}
+
+
+def is_import_path(name: Any) -> bool:
+    """A plug-in's "package.module:attribute" (or dotted) path: registered names have neither ':' nor '.'."""
+    return isinstance(name, str) and (":" in name or "." in name)
+
+
+def unregistered_message(key: str, name: str, names: list[str]) -> str:
+    return (f"{key}={name!r} is not registered; valid choices: {', '.join(sorted(names))}"
+            " (or a plug-in as 'package.module:function')")
+
+
 def check_registered(registry: Registry, name: str, key: str, errors: list[str]) -> bool:
     """Append an error naming the config `key` unless `name` is registered (or an importable plug-in path)."""
+    parent, _, last = key.rpartition(".")
+    CHECKED_KEYS[(parent, "keys") if parent and last == name else (key, "value")] = registry
     try:
         registry.get(name)
         return True
     except UnknownChoiceError as err:
-        if isinstance(name, str) and (":" in name or "." in name):  # a plug-in path: say why it failed
+        if is_import_path(name):  # a plug-in path: say why it failed
             errors.append(f"{key}: {err}")
         else:
-            errors.append(f"{key}={name!r} is not registered; valid choices: {', '.join(sorted(registry.names()))}"
-                          " (or a plug-in as 'package.module:function')")
+            errors.append(unregistered_message(key, name, registry.names()))
         return False

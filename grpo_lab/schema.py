@@ -415,6 +415,10 @@ class LoRAConfig:
 # rollout.dtype's choices: torch dtype names every engine accepts (vLLM's `dtype`, torch.<name> for hf).
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 
+# rollout.sampler's choices, read by the hf engine (grpo_lab/rollout/hf_engine.py): one generate call over all
+# prompts, or each prompt's prefix computed once and shared by its group's samples.
+SAMPLERS = ("generate", "shared_prefill")
+
 # learner.dtype's choices: fp32, or bf16 autocast over fp32 master weights.
 LEARNER_DTYPES = ("fp32", "bf16")
 

@@ -46,7 +46,7 @@ FLOORS: list[tuple[str, list[str]]] = [
     # Models other than the policy (the critic LLM, reward models) are built and warmed up like the policy,
     # so they sit above the run services; grpo_lab.config imports them, which registers the critic LLM.
     ("second models", ["grpo_lab.second_models"]),
-    ("config", ["grpo_lab.config"]),
+    ("config", ["grpo_lab.config", "grpo_lab.name_index"]),   # name_index: the registries' names, for launch
     ("launch", ["grpo_lab.launch"]),                     # Hydra, run directory, resume, refusal; given the loop
     ("entry point", ["grpo_lab.train", "grpo_lab.train_reward_model"]),
     ("report", ["grpo_lab.report"]),

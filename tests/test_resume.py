@@ -169,6 +169,34 @@ def test_a_config_refused_for_its_values_is_refused_before_torch_loads(tmp_path)
     assert summary["run_name"] == "chain_sum_tiny_llama_grpo_G8_s0"
 
 
+def test_a_name_no_registry_holds_is_refused_before_torch_loads_once_a_launch_has_indexed_them(tmp_path):
+    """A launch whose config passes validation leaves the registries' names in <cache_dir>/name_index.json (one
+    refused before it wrote nothing); the next launch with an unknown name refuses it from that index, in the
+    registries' own words, without importing torch, transformers or vLLM (grpo_lab/name_index.py). The valid
+    launch here is stopped cheaply after validation: its directory already holds another run's metrics."""
+    def launch(i: int, *overrides: str):
+        cmd = [sys.executable, "-X", "importtime", "-m", "grpo_lab.train", "logger=none", *overrides,
+               f"hydra.run.dir={tmp_path / f'run_{i}'}", f"cache_dir={tmp_path / 'cache'}"]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode != 0
+        return proc.stderr, {line.split("|")[-1].strip() for line in proc.stderr.splitlines()
+                             if line.startswith("import time:")}
+
+    message = "algorithm.policy_loss='clipped_surogate' is not registered; valid choices: "
+    first, first_imports = launch(0, "algorithm.policy_loss=clipped_surogate")
+    assert message in first and "torch" in first_imports and not (tmp_path / "cache").exists()
+    (tmp_path / "run_1").mkdir()
+    (tmp_path / "run_1" / "metrics.jsonl").write_text('{"step": 1}\n')
+    valid, _ = launch(1)
+    assert "already holds a run's metrics.jsonl" in valid and (tmp_path / "cache" / "name_index.json").is_file()
+    second, second_imports = launch(2, "algorithm.policy_loss=clipped_surogate", "+reward.weights.corectness=1.0")
+    assert message in second and "reward.weights.corectness='corectness' is not registered" in second
+    assert "the other checks run once these are fixed" in second
+    assert "grpo_lab.name_index" in second_imports
+    assert not {"torch", "transformers", "vllm"} & second_imports, sorted({"torch", "transformers", "vllm"} & second_imports)
+    assert json.loads((tmp_path / "run_2" / "summary.json").read_text())["status"] == "failed"
+
+
 def test_libraries_are_quiet_unless_v_asks(tmp_path, monkeypatch):
     """Without -v the launcher turns the libraries' start-up output off through variables the engine's
     processes inherit (a variable the user set wins); -v is taken off the command line before Hydra, which

@@ -21,7 +21,7 @@ The gold scorer is separate: evaluation and ``reward/correct_frac`` always use t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 

@@ -22,9 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache, Tempe
 
 from grpo_lab.learner.batch import padded_rows
 from grpo_lab.rollout.base import Rollout
-
-
-SAMPLERS = ("generate", "shared_prefill")
+from grpo_lab.schema import SAMPLERS
 
 
 class HFEngine:

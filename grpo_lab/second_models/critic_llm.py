@@ -77,8 +77,7 @@ from grpo_lab.models.model_dir import TOKENIZER_FILES, WEIGHT_FILES, is_complete
 from grpo_lab.prompts import uses_chat_template
 from grpo_lab.registry import Registry
 from grpo_lab.rollout import make_engine, rollout_section
-from grpo_lab.rollout.hf_engine import SAMPLERS
-from grpo_lab.schema import AlgorithmConfig, ConfigError, CriticLLMConfig
+from grpo_lab.schema import SAMPLERS, AlgorithmConfig, ConfigError, CriticLLMConfig
 from grpo_lab.second_models.base import SecondModel
 from grpo_lab.tasks import TaskItem
 from grpo_lab.warmup import warmup_key_settings, warmup_sft

@@ -89,7 +89,7 @@ def variant_yaml(name: str, overrides: list[str]) -> str:
             OmegaConf.update(body, key, ov.value(), merge=True, force_add=True)
     if "run_name" not in body:
         body.run_name = f"{name}_s${{seed}}"
-    lines = [f"# @package _global_", f"# variant {name!r}, written by scripts/make_table.py from: "
+    lines = ["# @package _global_", f"# variant {name!r}, written by scripts/make_table.py from: "
              + " ".join(overrides or ["(no overrides)"])]
     if defaults:
         lines.append(OmegaConf.to_yaml(OmegaConf.create({"defaults": defaults})).rstrip())
