@@ -342,7 +342,7 @@ def multi_turn_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("multi_turn_cache")
 
 
-def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, warm_cache, monkeypatch):
+def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, monkeypatch):
     import grpo_lab.train as train
 
     seen = []
@@ -354,8 +354,11 @@ def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, war
 
     monkeypatch.setattr(train, "to_learner_batch", recording)
     run_dir = tmp_path / "run"
+    # Its own brief warm-up (revision demonstrations key it apart from the shared one): 100 steps leave wrong
+    # first answers, so second turns, and their environment tokens, occur.
     code = train_in_process([*TINY_RUN, "rollout=hf", "interaction=verifier_feedback", "trainer.log_samples_every=1",
-                             f"hydra.run.dir={run_dir}", f"cache_dir={warm_cache}"], monkeypatch)
+                             "warmup.max_steps=100", f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"],
+                            monkeypatch)
     assert code == 0, (run_dir / "summary.json").read_text() if (run_dir / "summary.json").exists() else code
     lines = read_metrics(run_dir)
     for m in lines[1:3]:
@@ -369,7 +372,7 @@ def test_two_steps_of_verifier_feedback_train_only_on_actor_tokens(tmp_path, war
         for k, m in enumerate(masks):
             assert response_mask[k, :len(m)].tolist() == [float(x) for x in m]
             env_tokens += m.count(0)
-    assert env_tokens > 0 or all(m["interaction/turns_mean"] == 1.0 for m in lines[1:3])
+    assert env_tokens > 0   # a 100-step warm-up answers wrong often enough for second turns
     rows = [json.loads(s) for s in (run_dir / "samples.jsonl").read_text().splitlines() if s.strip()]
     assert rows and all("turns" in r for r in rows)
 

@@ -240,7 +240,9 @@ def test_every_table_says_what_its_rows_claim():
     assert sorted(CLAIMS) == TABLES, "add the new table's row claims to CLAIMS (what each row's run sets)"
 
 
-@pytest.mark.parametrize("scale", sorted(SCALES))
+# The smoke scale is the lab scale at tiny budgets (its jobs are validated by test_tables.py's preflight test
+# in the default tier too), so its claims run with the slow tests.
+@pytest.mark.parametrize("scale", [pytest.param(s, marks=pytest.mark.slow) if s == "smoke" else s for s in sorted(SCALES)])
 @pytest.mark.parametrize("name", TABLES)
 def test_every_row_is_the_run_it_claims_to_be(name, scale, tmp_path):
     """...and validates (the unread-settings rule included), as make_table's preflight would refuse it: each
