@@ -30,8 +30,8 @@ resume: venv ## Continue a killed run from its newest checkpoint: make resume RU
 	@test -n "$(RUN)" || { echo "usage: make resume RUN=<run dir> [ARGS=extra overrides]"; exit 2; }
 	$(PY) -m grpo_lab.resume $(RUN) $(ARGS)
 
-test: venv ## Offline test suite (CPU, well under 20 minutes; excludes tests marked slow)
-	$(PY) -m pytest -m "not slow" -q --durations=25 $(ARGS)
+test: venv ## Offline test suite on two workers (CPU, well under 20 minutes; excludes tests marked slow)
+	$(PY) -m pytest -m "not slow" -n 2 -q --durations=25 $(ARGS)
 
 test-slow: venv ## Only the slow tests (longer end-to-end runs)
 	$(PY) -m pytest -m slow -q $(ARGS)

@@ -14,14 +14,25 @@ import pytest
 
 @pytest.fixture(scope="session")
 def warm_cache(tmp_path_factory):
-    """A cache dir holding the tiny model and its brief warm-up, built once per session:
-    a zero-step run of the CLI builds both and stops."""
+    """A cache dir holding the tiny model and its brief warm-up, built once per session: a zero-step run of
+    the CLI builds both and stops. Under pytest-xdist (make test runs two workers) the first worker to ask
+    builds it in the session's shared temporary root while the others wait on a file lock, then all use it."""
+    import shutil
+
+    from filelock import FileLock
     from helpers import TINY_RUN, run_train
 
-    cache = tmp_path_factory.mktemp("warm_cache")
-    proc = run_train([*TINY_RUN, "rollout=hf", "trainer.total_steps=0", "trainer.save_checkpoint=false"],
-                     cache / "_warmup_run", cache)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent   # each worker's base is a folder of the session's root
+    cache, built = root / "warm_cache", root / "warm_cache.built"
+    with FileLock(str(root / "warm_cache.lock")):
+        if not built.is_file():
+            shutil.rmtree(cache, ignore_errors=True)   # what a failed build left
+            proc = run_train([*TINY_RUN, "rollout=hf", "trainer.total_steps=0", "trainer.save_checkpoint=false"],
+                             cache / "_warmup_run", cache)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            built.touch()
     return cache
 
 
