@@ -9,7 +9,8 @@ slow patch of this shared machine does not land on one command only):
 1. value     — a value the config alone refuses (learner.lr=-1): checked before torch, transformers or
                vLLM load (grpo_lab.launch, grpo_lab.config.value_errors); the target is <= 3 s idle.
 2. name      — a name no registry holds (algorithm.policy_loss=clipped_surogate), refused from the index of
-               the registries' names an earlier launch wrote (grpo_lab.name_index; the untimed round writes it).
+               the registries' names an earlier launch wrote (grpo_lab.name_index). A valid launch writes it:
+               one is made first, stopped right after validation (its run directory already holds metrics).
 3. cold_name — the same name with no index (a fresh cache_dir each time: a first launch, or the first after
                the package's sources changed): torch and the registries load first.
 4. torch     — `python -c "import torch"`: the baseline, the least any refusal after torch could take.
@@ -50,6 +51,12 @@ def main() -> None:
                                 "algorithm.policy_loss=clipped_surogate", f"hydra.run.dir={tmp / f'cold_{i}'}"],
         "torch": lambda i: [sys.executable, "-c", "import torch"],
     }
+    indexed = tmp / "indexed"   # a valid config's launch, refused for its directory once it has validated
+    indexed.mkdir()
+    (indexed / "metrics.jsonl").write_text('{"step": 1}\n')
+    timed([*train, f"hydra.run.dir={indexed}"], REPO)
+    if not (tmp / "cache" / "name_index.json").is_file():
+        raise SystemExit("the valid launch wrote no name index; the `name` row would not measure it")
     names = list(commands)
     times: dict[str, list[float]] = {n: [] for n in names}
     for name in names:   # one untimed round: the byte-code caches are written, as on any second launch
