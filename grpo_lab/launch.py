@@ -162,6 +162,14 @@ def run(cfg: DictConfig, loop: Loop | str) -> float:
 VERBOSE_FLAGS = ("-v", "--verbose")
 
 
+def quiet_unless_verbose() -> None:
+    """Take -v/--verbose off the command line (Hydra would refuse it) and quiet the libraries unless it was
+    there: every entry point calls this before Hydra parses its arguments."""
+    verbose = any(a in VERBOSE_FLAGS for a in sys.argv[1:])
+    sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a not in VERBOSE_FLAGS)]
+    quiet_libraries(verbose)
+
+
 def quiet_libraries(verbose: bool) -> None:
     """Keep a run's output to the lab's own lines: vLLM's start-up logging (platform notes), torch's C++
     warnings (vLLM's NUMA binding notice), deprecation warnings raised inside the libraries, and the
@@ -187,9 +195,7 @@ def main(loop: Loop | str) -> None:
     """Entry point (grpo_lab.train passes its loop, by import path when run as `python -m grpo_lab.train`):
     register the config schema and resolver explicitly, then let Hydra parse the command line and call
     `run` with `loop`, once per job of a sweep. `-v` keeps the libraries' start-up output (quiet_libraries)."""
-    verbose = any(a in VERBOSE_FLAGS for a in sys.argv[1:])
-    sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a not in VERBOSE_FLAGS)]
-    quiet_libraries(verbose)
+    quiet_unless_verbose()
     if "RANK" in os.environ:   # under torchrun (or another launcher that sets RANK)
         from grpo_lab.learner import distributed
 

@@ -74,7 +74,7 @@ def write_index(cache_dir: str | Path) -> None:
 def _named(cfg: DictConfig, key: str, form: str) -> list[str]:
     """The names `cfg` gives under `key`: its value (each item of a list), or the keys of a mapping (form
     "keys", e.g. reward.weights)."""
-    value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+    value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False, throw_on_resolution_failure=False)
     if form == "keys":
         return [str(k) for k in value] if isinstance(value, DictConfig) else []
     items = list(value) if OmegaConf.is_list(value) else [value]

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from grpo_lab.config import finalize, register_configs, validate
-from grpo_lab.launch import CONF_DIR
+from grpo_lab.launch import CONF_DIR, quiet_unless_verbose
 from grpo_lab.run_setup import open_recorder, record_outcome, start_run
 from grpo_lab.schema import typed_sections
 
@@ -60,6 +60,7 @@ def run(cfg: DictConfig) -> float:
 
 
 def main() -> None:
+    quiet_unless_verbose()   # -v keeps the libraries' start-up output, as for a run
     register_configs()
     args = sys.argv[1:]
     # Its own place beside the runs (unless the command names one), and its own job name for the log file.

@@ -150,6 +150,21 @@ def test_bad_reward_model_settings_are_refused_before_anything_loads(overrides, 
         validate(compose(*overrides))
 
 
+def test_train_reward_model_takes_v_off_the_command_line_as_a_run_does(tmp_path):
+    """`python -m grpo_lab.train_reward_model -v ...` is not refused by Hydra (which has no -v): the entry point
+    takes it off the command line and keeps the libraries quiet without it, as `python -m grpo_lab.train`."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "grpo_lab.train_reward_model", "-v", "reward_model.lr=-1",
+                           f"hydra.run.dir={tmp_path / 'rm'}", f"cache_dir={tmp_path / 'cache'}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "reward_model.lr=-1.0 must be > 0" in proc.stderr, proc.stderr[-2000:]
+    assert "unrecognized arguments" not in proc.stderr and not (tmp_path / "cache").exists()
+
+
 # ------------------------------------------------------------------------------------------- end to end
 def test_a_run_trains_its_reward_model_and_logs_proxy_gold_and_kl(warm_cache, tmp_path):
     """experiment=rlhf_tiny, 2 steps (reward=reward_model with no dirs): the run trains the reward model on the warm-up's labelled samples
