@@ -1,10 +1,11 @@
 """Launch, resume and refusal of a run: what `python -m grpo_lab.train [overrides]` does around the loop.
 
 `python -m grpo_lab.train` calls main("grpo_lab.train:train") here (grpo_lab.train.main(): main(train)):
-Hydra parses the command line (`-m` sweeps; torchrun ranks above 0 only serve rank 0's learner), and each job's `run` takes the run directory (one process per
-directory; a fresh run never writes into another run's), validates the config and prints the memory plan
-before any model loads, compares a resume with the config its checkpoint was written under, and records
-the outcome, a failure before the start included, around the loop it was given (grpo_lab.train.train).
+Hydra parses the command line (`-m` sweeps; torchrun ranks above 0 only serve rank 0's learner), and each
+job's `run` takes the run directory (one process per directory; a fresh run never writes into another run's),
+validates the config and prints the memory plan before any model loads, compares a resume with the config its
+checkpoint was written under, and records the outcome, a failure before the start included, around the loop it
+was given (grpo_lab.train.train).
 A launch refused because its directory holds a run leaves that directory as it was.
 
 The loop comes in as an argument (or its import path), so this module stays below grpo_lab.train

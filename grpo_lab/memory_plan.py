@@ -277,8 +277,8 @@ def _reward_model_items(cfg: DictConfig, arch: Arch, add, notes: list[str]) -> N
         add("reward model (refreshed, +AdamW)", k * 16 * C, f"{members}16·C (weights, gradients, AdamW), C={C:,}")
     else:
         dtype = cfg.reward.reward_model.dtype
-        add("reward model (frozen)", k * _dtype_bytes(dtype) * C,
-            f"{members}{_dtype_bytes(dtype)}·C ({dtype}), C=trunk+head={C:,}")
+        b = _dtype_bytes(dtype)
+        add("reward model (frozen)", k * b * C, f"{members}{b}·C ({dtype}), C=trunk+head={C:,}")
 
 
 def _with(cfg: DictConfig, **updates) -> DictConfig:

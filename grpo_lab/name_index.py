@@ -1,13 +1,13 @@
 """An index of the registries' names, so that a launch naming no registered entry is refused before torch loads.
 
 The registries live in the modules that define their entries, and those import torch and transformers: asking
-a registry whether `rollout.sampler=bogus` exists costs the seconds those imports take. The full validation
-asks them anyway (grpo_lab.config.validate); each `check_registered` it makes is noted (grpo_lab.registry:
-which config key names an entry of which registry), and once a launch's config has passed, this module writes
-what was asked, with each registry's names as they then were, to ``<cache_dir>/name_index.json`` (a refused
-launch writes nothing). The next launch
-reads that file (JSON, no heavy import) and refuses a value that names no entry, in the registry's own words,
-before anything heavy loads.
+a registry whether `algorithm.policy_loss=clipped_surogate` exists costs the seconds those imports take. The
+full validation asks them anyway (grpo_lab.config.validate); each `check_registered` it makes is noted
+(grpo_lab.registry: which config key names an entry of which registry), and once a launch's config has passed,
+this module writes what was asked, with each registry's names as they then were, to
+``<cache_dir>/name_index.json`` (a refused launch writes nothing). The next launch reads that file (JSON, no
+heavy import) and refuses a value that names no entry, in the registry's own words, before anything heavy
+loads.
 
 The index is a cache of the registries, never a list kept by hand: it records the digest of the package's
 source files (path, size and modification time of every ``grpo_lab/**/*.py``) and is ignored, then rewritten,
