@@ -4,8 +4,8 @@ directory (a directory this test owns, the repository, the home directory), a so
 sleeping past the limit, a file past the size limit, exiting the interpreter.
 
 Every case checks the same three things besides the call's status: the caller continues (run returns a
-ToolResult), nothing outside the sandbox changed (this test's directory, the repository's README, the
-temporary directory's listing), and no process is left behind (the fork server has no child left, and no
+ToolResult), nothing outside the sandbox changed (this test's directory, the repository's README) and its working
+directory is gone, and no process is left behind (the fork server has no child left, and no
 process runs under a sandbox uid). Each isolation mode that works on this machine runs every case:
 namespaces (root), userns (user namespaces) and rlimits (the fallback).
 """
@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import psutil
 import pytest
@@ -61,15 +62,24 @@ def _left_behind(box: Sandbox) -> list[str]:
 def hostile(box: Sandbox, code: str, watched: Path) -> ToolResult:
     """Run `code`; assert that the caller continues, nothing outside changed and no process is left."""
     readme = (REPO / "README.md").stat()
-    tree, tmp = _tree(watched), sorted(os.listdir(tempfile.gettempdir()))
+    tree = _tree(watched)
+    # The working directories this call makes are recorded as they are made: the temporary directory is shared
+    # with other test workers whose tool runs make `grpo_tool_*` directories of their own at the same time.
+    made, mkdtemp = [], tempfile.mkdtemp
+
+    def recorded_mkdtemp(*args, **kwargs):
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
     started = time.monotonic()
-    result = box.run(code)
+    with mock.patch.object(tempfile, "mkdtemp", recorded_mkdtemp):
+        result = box.run(code)
     assert isinstance(result, ToolResult) and result.status in ("ok", "error", "timeout", "killed")
     assert time.monotonic() - started < box.limits.wall_s + GRACE_S + 3.0
     assert _tree(watched) == tree, "the sandbox changed a directory it does not own"
     assert (REPO / "README.md").stat().st_mtime_ns == readme.st_mtime_ns
-    new_tmp = set(os.listdir(tempfile.gettempdir())) - set(tmp)
-    assert not {n for n in new_tmp if n.startswith("grpo_tool_")}, "a working directory was left behind"
+    assert made, "the sandbox made no working directory of its own"
+    assert not [d for d in made if os.path.exists(d)], "a working directory was left behind"
     assert not _left_behind(box)
     return result
 
