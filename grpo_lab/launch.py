@@ -144,16 +144,11 @@ def run(cfg: DictConfig, loop: Loop | str) -> float:
                                  resume=state,
                                  searchpath=[o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")])
         recorder.record_resume_changes(changes, new=new_changes)
-        run_guard.on_stuck_sigterm(lambda: recorder.record_stuck(SystemExit(
-            f"SIGTERM: the main thread did not unwind within {run_guard.SIGTERM_GRACE_S:g} s (stuck in a C "
-            "call or a join); the watchdog ended the process")))
-        try:
+        with run_guard.stuck_sigterm_recorded(recorder):
             result = record_outcome(recorder, lambda: loop(cfg, recorder, resume_from),
                                     lambda r: {"warmup": r["warmup"], "learner_threads": r["learner_threads"],
                                                "resumed_from": str(resume_from) if resume_from else None,
                                                **{k: r[k] for k in ("prepared_rewards",) if k in r}})
-        finally:
-            run_guard.on_stuck_sigterm(None)
     print_before_after(result, recorder.run_dir)
     return float(result["after"]["eval/accuracy"])
 

@@ -25,7 +25,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -277,3 +278,16 @@ def install_sigterm() -> None:
 def on_stuck_sigterm(callback: Callable[[], None] | None) -> None:
     """What the watchdog runs before it exits (None: nothing); one callback per process."""
     _on_stuck[:] = [callback] if callback else []
+
+
+@contextmanager
+def stuck_sigterm_recorded(recorder) -> Iterator[None]:
+    """While inside: a SIGTERM the main thread cannot unwind from is still recorded as the run's failure
+    (`recorder.record_stuck`) by the watchdog before it ends the process."""
+    on_stuck_sigterm(lambda: recorder.record_stuck(SystemExit(
+        f"SIGTERM: the main thread did not unwind within {SIGTERM_GRACE_S:g} s (stuck in a C call or a join); "
+        "the watchdog ended the process")))
+    try:
+        yield
+    finally:
+        on_stuck_sigterm(None)

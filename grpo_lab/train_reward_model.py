@@ -23,6 +23,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from grpo_lab import run_guard
 from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.launch import CONF_DIR, quiet_unless_verbose
 from grpo_lab.run_setup import open_recorder, record_outcome, start_run
@@ -45,6 +46,9 @@ def train(cfg: DictConfig, recorder) -> dict:
 
 
 def run(cfg: DictConfig) -> float:
+    # A cancelled job (kill, a scheduler's SIGTERM) unwinds like Ctrl-C: summary.json says failed and the
+    # sampling engine's processes are shut down, as for a run.
+    run_guard.install_sigterm()
     hc = HydraConfig.get()
     cfg = finalize(cfg)
     # Before any model loads: bad data files, settings, the trunk's directory; the reward_model section is read
@@ -52,7 +56,8 @@ def run(cfg: DictConfig) -> float:
     validate(cfg, also_reads=("reward_model",))
     run_dir = Path(hc.runtime.output_dir)
     recorder = open_recorder(run_dir, cfg, list(hc.overrides.task))
-    result = record_outcome(recorder, lambda: train(cfg, recorder), lambda r: {"reward_model": r})
+    with run_guard.stuck_sigterm_recorded(recorder):
+        result = record_outcome(recorder, lambda: train(cfg, recorder), lambda r: {"reward_model": r})
     print(f"\nreward model(s): {', '.join(result['dirs'])}\nheld-out accuracy {result['held_out_accuracy']:.3f} "
           f"(data: {result['data']})\nuse them: reward=reward_model reward.reward_model.dirs=[{','.join(result['dirs'])}]"
           f"\nrun: {run_dir}\n")

@@ -298,11 +298,27 @@ STUCK_RUN = ["rollout=hf", "logger=none", "warmup.max_steps=0", "trainer.total_s
 
 @pytest.mark.parametrize("stuck_in", ["in_c_call", "in_thread_join"])
 def test_sigterm_ends_a_stuck_run_with_a_failed_summary(tmp_path, stuck_in):
+    summary = _sigterm_once_stuck(tmp_path, ["grpo_lab.train", *STUCK_RUN,
+                                             f"+reward.weights={{stuck_plugins.{stuck_in}: 1.0}}"])
+    assert summary["status"] == "failed" and ("SIGTERM" in summary["error"] or "143" in summary["error"])
+
+
+def test_sigterm_ends_a_reward_model_training_stuck_in_its_gold_scorer_with_a_failed_summary(tmp_path):
+    """make train-rm under a scheduler's cancel: the pair sampler's gold scorer is stuck in C, and the entry
+    point still ends with 143 and a failed summary.json, as a run does."""
+    summary = _sigterm_once_stuck(tmp_path, ["grpo_lab.train_reward_model", *STUCK_RUN[:-1],
+                                             "reward_model.data.gold=stuck_plugins.in_c_call",
+                                             "reward_model.data.pairs=8", "reward_model.data.held_out_pairs=4"])
+    assert summary["status"] == "failed" and ("SIGTERM" in summary["error"] or "143" in summary["error"])
+
+
+def _sigterm_once_stuck(tmp_path: Path, module_and_overrides: list[str]) -> dict:
+    """Start `python -m <module> <overrides>` in tmp_path/run, SIGTERM it once a stuck plug-in has touched its
+    marker, check it ends with 143 within the grace, and return its summary.json."""
     run_dir, marker = tmp_path / "run", tmp_path / "mid_step"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]), "OMP_NUM_THREADS": "1",
            "STUCK_MARKER": str(marker)}
-    cmd = [sys.executable, "-m", "grpo_lab.train", *STUCK_RUN, f"+reward.weights={{stuck_plugins.{stuck_in}: 1.0}}",
-           f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
+    cmd = [sys.executable, "-m", *module_and_overrides, f"hydra.run.dir={run_dir}", f"cache_dir={tmp_path / 'cache'}"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
@@ -317,5 +333,4 @@ def test_sigterm_ends_a_stuck_run_with_a_failed_summary(tmp_path, stuck_in):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed" and ("SIGTERM" in summary["error"] or "143" in summary["error"])
+    return json.loads((run_dir / "summary.json").read_text())
