@@ -497,6 +497,23 @@ def test_columns_configurable_and_checked(sweep, tmp_path):
         build_report(sweep, tmp_path / "t", target=60)
 
 
+def test_reward_model_accuracy_column_reads_the_prepared_reward_model_of_each_run(tmp_path):
+    """rm_accuracy: summary.json's prepared_rewards.reward_model.held_out_accuracy, in %, mean ± CI over seeds;
+    a run whose reward is not learned has no value."""
+    root = tmp_path / "sweep"
+    for seed, acc in enumerate([0.55, 0.60, 0.65]):
+        write_run(root / f"rm{seed}", overrides=["reward=reward_model", f"seed={seed}"],
+                  metrics=[{"step": 0, "samples": 0, "eval/accuracy": 0.5}],
+                  summary={"status": "completed", "prepared_rewards": {"reward_model": {"held_out_accuracy": acc}}})
+        write_run(root / f"verifier{seed}", overrides=["reward=default", f"seed={seed}"],
+                  metrics=[{"step": 0, "samples": 0, "eval/accuracy": 0.5}], summary={"status": "completed"})
+    res = build_report(root, tmp_path / "t", columns=["rm_accuracy"])
+    assert md_row(res["markdown"], "reward")[2:] == ["RM held-out acc. (%)"]
+    # 55, 60, 65 %: mean 60, s = 5, half = 4.302653 · 5/√3 = 12.42
+    assert md_row(res["markdown"], "reward_model")[2] == "60.0 ± 12.4"
+    assert md_row(res["markdown"], "default")[2] == "–"
+
+
 def test_header_block(sweep, tmp_path):
     res = build_report(
         sweep, tmp_path / "t", title="DAPO vs GRPO",

@@ -141,6 +141,13 @@ def _kl_at_peak(run: Run) -> float | None:
                 None)
 
 
+def _reward_model_accuracy(run: Run) -> float | None:
+    """The held-out pairwise accuracy of the run's learned reward model (an ensemble's: its members' mean);
+    None when its reward is not learned."""
+    prepared = (run.summary or {}).get("prepared_rewards") or {}
+    return _num((prepared.get("reward_model") or {}).get("held_out_accuracy"))
+
+
 def _gain(run: Run) -> float | None:
     final, initial = final_value(run, ACC), initial_value(run, ACC)
     return None if final is None or initial is None else final - initial
@@ -214,6 +221,9 @@ COLUMNS: dict[str, Column] = {
         # reference the policy had moved by then.
         Column("steps_to_peak", "Steps to peak", lambda r, c: _peak_step(r), "count"),
         Column("kl_at_peak", "KL at peak (nats)", lambda r, c: _kl_at_peak(r)),
+        # The learned reward's quality, the axis such a table varies: the reward model's pairwise accuracy on
+        # held-out preferences, as the run that trained (or found) it recorded it in summary.json.
+        Column("rm_accuracy", "RM held-out acc. (%)", lambda r, c: _reward_model_accuracy(r), "pct"),
         Column(
             "wrong_len",
             "Wrong-answer len.",
