@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from grpo_lab import checkpoint, launch
-from grpo_lab.algos.kl import sequence_kl
+from grpo_lab.algos.kl import off_policy_sequence_kl, sequence_kl
 from grpo_lab.interaction import step_record
 from grpo_lab.learner.learner import release_freed_host_memory
 from grpo_lab.logging.recorder import RunRecorder
@@ -134,9 +134,16 @@ def begin(run: RunParts, recorder: RunRecorder) -> LoopState:
 def reference_kl_metrics(batch) -> dict[str, float]:
     """KL(π || π_ref) of the step's samples, under the policy that sampled them (the sampler's log-probs; the
     learner's own for pairs read from a file): kl_ref/seq summed over each completion's policy tokens, and
-    kl_ref/token per token (grpo_lab.algos.kl.sequence_kl)."""
-    logp = batch["sampler_logprobs"] if "sampler_logprobs" in batch else batch["learner_logprobs"]
+    kl_ref/token per token (grpo_lab.algos.kl.sequence_kl). Rows an earlier policy sampled (offline
+    preferences drawn from the start policy's pool) are weighted by π_learner / π_sampler, so the numbers are
+    the current policy's KL, with kl_ref/ess saying how many rows carry the estimate
+    (grpo_lab.algos.kl.off_policy_sequence_kl)."""
     mask = batch["response_mask"].float()   # the policy's own tokens (a multi-turn environment's are 0)
+    if batch.extras.get("offline") and "sampler_logprobs" in batch:
+        kl, per_token, ess = off_policy_sequence_kl(batch["learner_logprobs"].float(), batch["ref_logprobs"].float(),
+                                                    batch["sampler_logprobs"].float(), mask)
+        return {"kl_ref/seq": float(kl), "kl_ref/token": float(per_token), "kl_ref/ess": float(ess)}
+    logp = batch["sampler_logprobs"] if "sampler_logprobs" in batch else batch["learner_logprobs"]
     per_seq = sequence_kl(logp.float(), batch["ref_logprobs"].float(), mask)
     return {"kl_ref/seq": float(per_seq.mean()), "kl_ref/token": float(per_seq.sum() / mask.sum().clamp(min=1))}
 

@@ -55,3 +55,18 @@ def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
     pi (the chain rule sums the per-token KLs); the quantity whose square root is the x axis of Gao et al.'s
     over-optimisation curves (arXiv 2210.10760 §2). Shapes: [N, T] x 3 -> [N]."""
     return ((logprobs - ref_logprobs) * mask).sum(-1)
+
+
+def off_policy_sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, behaviour_logprobs: Tensor,
+                           mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """KL(pi || pi_ref) over whole completions from rows sampled by another policy mu (offline preferences:
+    a pool drawn once from the start policy), by self-normalised importance sampling:
+    KL ~ sum_i w_i d_i with d_i = `sequence_kl`(pi, pi_ref) of row i and w_i = softmax_i(sum_t log pi - log mu),
+    since KL(pi || pi_ref) = E_mu[(pi / mu) log(pi / pi_ref)]. When mu = pi every weight is 1/N and this is
+    the mean of `sequence_kl`. Returns (KL per completion, per token: sum_i w_i d_i / sum_i w_i n_i, the
+    normalised effective sample size (sum_i w_i)^2 / (N sum_i w_i^2) in (0, 1]: near 0 the estimate rests on
+    a few rows, i.e. pi has moved far from mu). Shapes: [N, T] x 4 -> three scalars."""
+    d = sequence_kl(logprobs, ref_logprobs, mask)                                # [N]
+    w = torch.softmax(sequence_kl(logprobs, behaviour_logprobs, mask), dim=0)    # [N], sums to 1
+    kl = (w * d).sum()
+    return kl, kl / (w * mask.sum(-1)).sum().clamp(min=1e-12), 1.0 / (len(w) * (w * w).sum())
