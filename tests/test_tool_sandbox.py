@@ -44,7 +44,8 @@ def _tree(root: Path) -> dict:
 
 
 def _left_behind(box: Sandbox) -> list[str]:
-    """Processes of the sandbox still alive: children of its fork server, or anything under a sandbox uid."""
+    """Processes of the sandbox still alive: children of its fork server, or anything under a sandbox uid
+    that no other test worker started."""
     out = []
     if box._server is not None:
         for p in psutil.Process(box._server.pid).children(recursive=True):
@@ -52,9 +53,19 @@ def _left_behind(box: Sandbox) -> list[str]:
                 out.append(f"{p.pid} {p.status()} {p.cmdline()}")
             except psutil.Error:
                 pass
+    # Under `pytest -n 2` the other test worker's tool calls run under the same uids: a process below one of
+    # this worker's sibling workers is theirs. One of ours that escaped its tree has init (or a subreaper) above.
+    siblings = set()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        siblings = {c.pid for c in psutil.Process(os.getppid()).children()} - {os.getpid()}
     for p in psutil.process_iter(["pid", "uids"]):
         uids = p.info.get("uids")
         if uids and UID_BASE <= uids.real < UID_BASE + 64:
+            try:
+                if siblings & {a.pid for a in p.parents()}:
+                    continue
+            except psutil.Error:
+                continue   # gone while looked at
             out.append(f"{p.pid} uid {uids.real}")
     return out
 
