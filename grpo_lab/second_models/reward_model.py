@@ -16,8 +16,8 @@ Llama, SmolLM2-135M, a local HF directory); the head starts from the run's seed.
 trunk and trains the head in full (grpo_lab.learner.trainable.apply_lora, task_type SEQ_CLS); `dtype` bf16 is
 the shared piece's autocast over fp32 weights. A model that only scores may hold its weights in bf16
 (`weights_dtype`, reward.reward_model.dtype): half the memory, as verl and OpenRLHF hold reward models. The
-step is `SecondModel.ranking_update` (grpo_lab/algos/ranking.py's registered losses: Bradley–Terry with an optional margin per pair, Plackett–Luce on longer rankings); metrics carry the
-prefix ``reward_model/``.
+step is `SecondModel.ranking_update` (grpo_lab/algos/ranking.py's registered losses: Bradley–Terry with an
+optional margin per pair, Plackett–Luce on longer rankings); metrics carry the prefix ``reward_model/``.
 """
 
 from __future__ import annotations
