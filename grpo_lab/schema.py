@@ -111,14 +111,14 @@ class AlgorithmConfig:
     name: str = "grpo"
     # How the parts below are combined into a loss: "policy_gradient" (GRPO family, PPO) or "preference" (DPO).
     objective: str = "policy_gradient"
-    # Registered advantage estimator (grpo_lab/algos/advantages.py).
+    # Registered advantage estimator (grpo_lab/algos/core.py).
     advantage: str = "group_zscore"
     # ε added to the group std in z-score advantages.
     adv_eps: float = 1e-6
     # Discount γ and GAE λ (token-level estimators only).
     gamma: float = 1.0
     lam: float = 1.0
-    # Registered policy loss (grpo_lab/algos/policy_losses.py).
+    # Registered policy loss (grpo_lab/algos/core.py).
     policy_loss: str = "clipped_surrogate"
     # Clip range [1 − clip_low, 1 + clip_high]; clip_high > clip_low is DAPO's clip-higher.
     clip_low: float = 0.2
@@ -144,7 +144,7 @@ class AlgorithmConfig:
     dppo_delta_high: float = 0.15
     # DPPO: cap C of its detached ratio weight min(r, C) (the authors' code 10; verl's example 10000); null = none.
     dppo_ratio_cap: Optional[float] = 10.0
-    # Loss aggregation mode (grpo_lab/algos/aggregation.py).
+    # Loss aggregation mode (grpo_lab/algos/core.py).
     aggregation: str = "token_mean"
     # Updates per rollout batch: μ epochs × minibatches; the sampler's logprobs are π_old throughout.
     epochs: int = 1

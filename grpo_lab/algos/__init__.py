@@ -1,4 +1,5 @@
 """Pure RL post-training math: tensors in, tensors + metrics out (no config, no I/O, no state).
+The policy-gradient step's math is core.py, read top to bottom; each other module is one concept.
 
 One registry per concept; dispatch by name only through them:
 
@@ -13,30 +14,35 @@ One registry per concept; dispatch by name only through them:
     ROLLOUT_CORRECTION_MODES   truncate, mask
 """
 
-from .advantages import (
+from .core import (
     ADVANTAGE_ESTIMATORS,
-    gae,
-    group_mean,
-    group_mean_batch_std,
-    group_zscore,
-    reinforce_pp,
-    rloo,
-)
-from .aggregation import AGGREGATIONS, aggregate
-from .entropy import entropy_from_logits
-from .kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
-from .policy_losses import (
+    AGGREGATIONS,
     POLICY_LOSSES,
+    aggregate,
+    best_of_group_mask,
     cispo,
     clipped_surrogate,
     dppo,
+    ema_reward_normalize,
+    entropy_from_logits,
+    gae,
     gmpo,
+    group_mean,
+    group_mean_batch_std,
+    group_stats,
+    group_zscore,
     gspo,
     gspo_token,
+    informative_group_mask,
+    linear_warmup,
     log_ratio_stats,
+    reinforce_pp,
+    rloo,
     sapo,
+    soft_overlong_penalty,
     vanilla_pg,
 )
+from .kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from .preference import (
     PAIRINGS,
     PREFERENCE_LOSSES,
@@ -53,14 +59,6 @@ from .rollout_correction import (
     effective_sample_size,
     logprob_mismatch_metrics,
     rollout_correction_weights,
-)
-from .shaping import (
-    best_of_group_mask,
-    ema_reward_normalize,
-    group_stats,
-    informative_group_mask,
-    linear_warmup,
-    soft_overlong_penalty,
 )
 from .value_losses import clipped_value_loss
 

@@ -3,7 +3,7 @@ Divergence", http://joschu.net/blog/kl-approx.html).
 
 Every estimator is ``fn(logprobs [N, T], ref_logprobs [N, T]) -> [N, T]``: the per-token estimate
 at the sampled token, for tokens sampled from pi. Masking and aggregation are the caller's job
-(use ``aggregation.aggregate``), so the same estimate serves as a loss term (GRPO) or as an
+(use ``core.aggregate``), so the same estimate serves as a loss term (GRPO) or as an
 in-reward penalty (PPO / REINFORCE++).
 
 With log-ratio x = logp_ref - logp = log(pi_ref / pi):
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._utils import LOG_RATIO_CLAMP
+from .core import LOG_RATIO_CLAMP
 from grpo_lab.registry import Registry
 
 KL_ESTIMATORS = Registry("KL estimator")

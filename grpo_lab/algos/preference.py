@@ -24,7 +24,7 @@ from torch import Tensor
 
 from grpo_lab.registry import Registry
 
-from ._utils import REWARD_ATOL, as_bool_mask
+from .core import REWARD_ATOL, as_bool_mask
 
 PREFERENCE_LOSSES = Registry("preference loss")
 PAIRINGS = Registry("preference pairing")

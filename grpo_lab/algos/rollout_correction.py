@@ -40,7 +40,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._utils import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
+from .core import LOG_RATIO_CLAMP, as_bool_mask, masked_mean
 from .kl import kl_k3
 from grpo_lab.registry import Registry
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._utils import as_bool_mask, masked_mean
+from .core import as_bool_mask, masked_mean
 
 
 def clipped_value_loss(
