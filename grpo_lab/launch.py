@@ -45,6 +45,18 @@ Loop = Callable[[DictConfig, RunRecorder, "Path | None"], dict]
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
+def record_outcome(recorder: RunRecorder, run: Callable[[], dict], summary: Callable[[dict], dict]) -> dict:
+    """`run()`'s result. summary.json says "failed" with the error when it raises (re-raised, Ctrl-C
+    included), else "completed" with the fields `summary(result)` gives."""
+    try:
+        result = run()
+    except BaseException as err:
+        recorder.finish(status="failed", error=err)
+        raise
+    recorder.finish(status="completed", extra=summary(result))
+    return result
+
+
 def print_before_after(result: dict, run_dir: Path) -> None:
     before, after = result["before"], result["after"]
     rows = [("held-out accuracy (greedy)", f"{before['eval/accuracy']:.1%}", f"{after['eval/accuracy']:.1%}"),
@@ -122,7 +134,7 @@ def run(cfg: DictConfig, loop: Loop | str) -> float:
         # refused launch writes nothing).
         write_index(cfg.cache_dir)
         from grpo_lab.memory_plan import plan_memory
-        from grpo_lab.run_setup import open_recorder, record_outcome
+        from grpo_lab.run_setup import open_recorder
 
         print(plan_memory(cfg).render())
         if isinstance(loop, str):

@@ -9,9 +9,9 @@ Two things live on an entry besides its function:
 * **facts** (``register("rloo", min_group_size=2)``): what the rest of the lab must know about the
   entry (needs a critic, needs G >= 2, ...). ``validate()`` asks ``registry.fact(name, key)``
   instead of keeping lists of names.
-* **settings by signature** (``registry.call(name, *tensors, **settings)``): the caller passes every
-  setting of its config section; each function receives only the keyword arguments its signature
-  names. A new setting therefore touches the schema, the YAML and the one function that reads it,
+* **settings by signature** (``registry.call(name, *tensors, **settings)``, or ``registry.bind(name,
+  **settings)`` once for a function called every step): the caller passes every setting of its config
+  section; each function receives only the keyword arguments its signature names. A new setting therefore touches the schema, the YAML and the one function that reads it,
   never the call site or the other entries.
 
 **Plug-ins by import path**: a name of the form ``"package.module:attribute"`` (or
@@ -28,6 +28,7 @@ This module is neutral ground: the pure math (``grpo_lab.algos``) and the I/O-si
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
@@ -48,13 +49,19 @@ class UnknownChoiceError(KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
-def call_with_known_kwargs(fn: Callable[..., Any], /, *args: Any, **settings: Any) -> Any:
-    """``fn(*args, **settings)`` with only the keyword arguments ``fn``'s signature names
-    (all of them when it takes ``**kwargs``): one config section serves many functions."""
+def known_kwargs(fn: Callable[..., Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``settings`` that ``fn``'s signature names (all of them when it takes
+    ``**kwargs``)."""
     params = inspect.signature(fn).parameters
-    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        settings = {k: v for k, v in settings.items() if k in params}
-    return fn(*args, **settings)
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return dict(settings)
+    return {k: v for k, v in settings.items() if k in params}
+
+
+def call_with_known_kwargs(fn: Callable[..., Any], /, *args: Any, **settings: Any) -> Any:
+    """``fn(*args, **settings)`` with only the keyword arguments ``fn``'s signature names: one config
+    section serves many functions."""
+    return fn(*args, **known_kwargs(fn, settings))
 
 
 class Registry:
@@ -158,6 +165,12 @@ class Registry:
     def call(self, name: str, /, *args: Any, **settings: Any) -> Any:
         """Call entry ``name`` with ``args`` and the subset of ``settings`` its signature names."""
         return call_with_known_kwargs(self.get(name), *args, **settings)
+
+    def bind(self, name: str, /, **settings: Any) -> functools.partial:
+        """Entry ``name`` with the subset of ``settings`` its signature names bound: what ``call`` does,
+        resolved once, for a caller that calls the entry every step with the same settings."""
+        fn = self.get(name)
+        return functools.partial(fn, **known_kwargs(fn, settings))
 
     def names(self) -> list[str]:
         """Registered names, in registration order."""

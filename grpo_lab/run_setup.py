@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,18 +196,6 @@ def open_recorder(run_dir: Path, cfg: DictConfig, overrides: list[str], *, sweep
                        searchpath=searchpath)
 
 
-def record_outcome(recorder: RunRecorder, run: Callable[[], dict], summary: Callable[[dict], dict]) -> dict:
-    """`run()`'s result. summary.json says "failed" with the error when it raises (re-raised, Ctrl-C
-    included), else "completed" with the fields `summary(result)` gives."""
-    try:
-        result = run()
-    except BaseException as err:
-        recorder.finish(status="failed", error=err)
-        raise
-    recorder.finish(status="completed", extra=summary(result))
-    return result
-
-
 @dataclass
 class RunParts:
     """What one RL run trains with, each part built once by `assemble` from its own config section: where
@@ -231,13 +218,10 @@ class RunParts:
     prepared_rewards: dict | None = None   # what rewards built before the run (a learned reward model's stats)
     online_rewards: list = field(default_factory=list)   # parts that keep training a reward during the run
 
-    @property
-    def tokenizer(self):
-        return self.start.tokenizer
+    tokenizer: Any = field(init=False)   # the policy's (start.tokenizer), which the loop hands on each step
 
-    def schedule_done(self, step: int, samples: int) -> bool:
-        t = self.trainer
-        return step >= t.total_steps or (t.total_samples is not None and samples >= t.total_samples)
+    def __post_init__(self) -> None:
+        self.tokenizer = self.start.tokenizer
 
     def close(self) -> None:
         """The pipeline (and its reward worker), the environment and the engine, however the run ends."""
@@ -277,10 +261,10 @@ def learned_reward(reward_cfg):
     evaluation's proxy column. None otherwise (the training reward is a verifier: gold already)."""
     if "reward_model" not in reward_cfg.weights:
         return None
-    from grpo_lab.rewards import compute_rewards, contained_settings
+    from grpo_lab.rewards import RewardScorer
 
-    return lambda texts, items: compute_rewards(texts, items, list(reward_cfg.weights.items()),
-                                                **contained_settings(reward_cfg))[0]
+    scorer = RewardScorer(reward_cfg)
+    return lambda texts, items: scorer(texts, items)[0]
 
 
 def start_learner(cfg: DictConfig, start: RunStart, resume_from: Path | None) -> tuple[Any, Any, dict | None]:
@@ -324,7 +308,7 @@ def assemble(cfg: DictConfig, resume_from: Path | None = None) -> RunParts:
     environment = None
     try:
         environment = build_environment(cfg, tokenizer=start.tokenizer, task=start.task)   # None: single-turn
-        objective = OBJECTIVES.get(cfg.algorithm.objective)
+        objective = OBJECTIVES.get(cfg.algorithm.objective).for_run(cfg.algorithm)
         sampler = objective.make_sampler(cfg, engine, start.tokenizer, start.task.splits["train"], environment)
         evaluator = Evaluator.of(engine, start.tokenizer, start.task.splits[cfg.trainer.eval_split],
                                  rollout=cfg.rollout, trainer=cfg.trainer, interaction=cfg.interaction, seed=cfg.seed,

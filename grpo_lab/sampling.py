@@ -25,7 +25,7 @@ import torch
 from grpo_lab.algos import ema_reward_normalize, group_stats, informative_group_mask, soft_overlong_penalty
 from grpo_lab.interaction import multi_turn_rollout, score_turns, turn_metrics
 from grpo_lab.learner.batch import TensorBatch, collate, encode_prompt
-from grpo_lab.rewards import compute_rewards, contained_settings, is_correct, stop_reward_worker
+from grpo_lab.rewards import RewardScorer, is_correct, stop_reward_worker
 from grpo_lab.rewards.noise import REWARD_NOISE, noise_metrics
 from grpo_lab.rollout import Rollout
 from grpo_lab.schema import as_dict
@@ -106,7 +106,7 @@ def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: in
                            max_new_tokens=rollout_cfg.max_new_tokens, seed=seed)
 
 
-def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new_tokens: int,
+def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, scorer: RewardScorer, max_new_tokens: int,
                  seed: int, interaction_cfg=None, judge_seed: int = 0) -> tuple[ScoredRollout, dict]:
     """Weighted sum of the registered reward functions (each sample contained: a function that raises,
     returns NaN or times out scores `reward.on_error` and is counted), then `reward.noise` (its draws
@@ -117,8 +117,7 @@ def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new
     if rollout.turns is not None:
         rewards, correct, info, per_fn, failures = score_turns(rollout, seq_items, reward_cfg, interaction_cfg)
     else:
-        result = compute_rewards(rollout.texts, seq_items, list(reward_cfg.weights.items()),
-                                 **contained_settings(reward_cfg))
+        result = scorer(rollout.texts, seq_items)
         total, per_fn = result
         rewards = torch.tensor(total, dtype=torch.float32)
         correct = torch.tensor([float(is_correct(t, it)) for t, it in zip(rollout.texts, seq_items)])
@@ -176,6 +175,7 @@ class GroupSampler:
     def __init__(self, engine, tokenizer, stream: PromptStream, cfg, *, seed: int, environment=None):
         self.engine, self.tokenizer, self.stream, self.cfg = engine, tokenizer, stream, cfg
         self.calls, self.seed, self.environment = 0, seed, environment
+        self.scorer = RewardScorer(cfg.reward)   # reward.weights, looked up once
         self.reset(group_size=cfg.rollout.group_size)
 
     def reset(self, group_size: int | None = None) -> None:
@@ -202,7 +202,7 @@ class GroupSampler:
         rollout = rollout_phase(self.engine, self.tokenizer, items, self.cfg.rollout, group_size=self.group_size,
                                 seed=seed, environment=self.environment, max_turns=interaction.max_turns)
         t1 = time.time()
-        scored, metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm,
+        scored, metrics = reward_phase(rollout, items, self.cfg.reward, self.cfg.algorithm, scorer=self.scorer,
                                        max_new_tokens=self.cfg.rollout.max_new_tokens, seed=seed,
                                        interaction_cfg=interaction, judge_seed=self.seed)
         for key in ("reward/errors", "reward/timeouts"):  # counts add up over dynamic-sampling rounds

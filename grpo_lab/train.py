@@ -148,6 +148,11 @@ def reference_kl_metrics(batch) -> dict[str, float]:
     return {"kl_ref/seq": float(per_seq.mean()), "kl_ref/token": float(per_seq.sum() / mask.sum().clamp(min=1))}
 
 
+def schedule_done(trainer, step: int, samples: int) -> bool:
+    """Whether the run's budget is spent: trainer.total_steps steps, or trainer.total_samples samples."""
+    return step >= trainer.total_steps or (trainer.total_samples is not None and samples >= trainer.total_samples)
+
+
 def learn(run: RunParts, scored, metrics: dict, step: int) -> bool:
     """Score, prepare and update on one step's rollouts (metrics into ``metrics``); True when the step
     is bad: non-finite rewards, or an update that produced non-finite values and was skipped."""
@@ -201,7 +206,7 @@ def record_step(run: RunParts, recorder: RunRecorder, loop: LoopState, scored, m
                 progress: ProgressLine) -> None:
     """A step's periodic evaluation (kept as loop.latest_eval), samples, metrics line, progress and checkpoint."""
     t, step = run.trainer, loop.step
-    if t.eval_every and step % t.eval_every == 0 and not run.schedule_done(step, loop.samples):
+    if t.eval_every and step % t.eval_every == 0 and not schedule_done(t, step, loop.samples):
         loop.latest_eval = evaluate_and_log_samples(run.evaluator, recorder, step=step,
                                                     samples_per_log=t.samples_per_log)
         metrics.update(loop.latest_eval)
@@ -240,12 +245,12 @@ def train(cfg: DictConfig, recorder: RunRecorder, resume_from: Path | None = Non
     try:
         loop = begin(run, recorder)
         progress = ProgressLine(total=run.trainer.total_steps, desc=cfg.run_name, start=loop.step)
-        while not run.schedule_done(loop.step, loop.samples):
+        while not schedule_done(run.trainer, loop.step, loop.samples):
             loop.step += 1
             t_step, cpu_step = time.time(), time.process_time()
             scored, metrics = run.pipeline.take(loop.step)
-            loop.samples += int(metrics.get("rollout/generated_samples", len(scored.rollout)))
-            if not run.schedule_done(loop.step, loop.samples):
+            loop.samples += int(metrics.get("rollout/generated_samples", len(scored.rollout.completion_ids)))
+            if not schedule_done(run.trainer, loop.step, loop.samples):
                 run.pipeline.prefetch(loop.step + 1)   # max_staleness=1: the engine samples while the learner trains
 
             t0 = time.time()

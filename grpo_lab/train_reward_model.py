@@ -26,7 +26,8 @@ from omegaconf import DictConfig
 from grpo_lab import run_guard
 from grpo_lab.config import finalize, register_configs, validate
 from grpo_lab.launch import CONF_DIR, quiet_unless_verbose
-from grpo_lab.run_setup import open_recorder, record_outcome, start_run
+from grpo_lab.launch import record_outcome
+from grpo_lab.run_setup import open_recorder, start_run
 from grpo_lab.schema import typed_sections
 
 

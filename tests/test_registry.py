@@ -85,6 +85,19 @@ def test_call_passes_each_function_only_the_settings_it_names():
     assert reg.call("c", 0, **settings) == ["name", "scale", "unused"]   # **kwargs takes everything
 
 
+def test_bind_resolves_once_what_call_does_each_time():
+    reg = Registry("widget")
+    reg.register("a")(lambda x, *, scale: x * scale)
+    reg.register("b")(lambda x: -x)
+    settings = {"scale": 3, "unused": 1}
+    bound_a, bound_b = reg.bind("a", **settings), reg.bind("b", **settings)
+    assert bound_a.keywords == {"scale": 3} and bound_b.keywords == {}   # only what each signature names
+    assert bound_a(2) == reg.call("a", 2, **settings) == 6
+    assert bound_b(2) == reg.call("b", 2, **settings) == -2
+    with pytest.raises(UnknownChoiceError, match="valid choices: a, b"):
+        reg.bind("nope", **settings)
+
+
 def test_plug_ins_by_import_path():
     reg = Registry("widget", defaults={"min_group_size": 1})
     assert "os.path:join" in reg and reg.get("os.path:join")("a", "b") == "a/b"

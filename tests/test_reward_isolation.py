@@ -13,10 +13,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace as NS
 
 import pytest
 
-from grpo_lab.rewards import REWARDS, RewardError, RewardWorkerStopped, compute_rewards, stop_reward_worker
+from grpo_lab.rewards import (REWARDS, RewardError, RewardScorer, RewardWorkerStopped, compute_rewards,
+                              stop_reward_worker)
 from grpo_lab.tasks import TaskItem
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +68,21 @@ def test_auto_runs_plugins_in_the_worker_and_the_cheap_builtins_here():
     assert REWARDS.fact("robust_plugins:worker_pid", "may_hang") and REWARDS.fact("math_verify", "may_hang")
     again = compute_rewards(["2"], [ITEM], [("robust_plugins:worker_pid", 1.0)], isolation="process")
     assert again.total == [worker[0]]   # one long-lived worker, not one per call
+
+
+def test_a_runs_scorer_resolves_its_rewards_once_and_scores_as_compute_rewards():
+    # A run's reward section, looked up once: the plug-in (which may hang) still runs in the worker under
+    # auto, the built-in here, with the section's containment settings.
+    section = NS(weights={"robust_plugins:worker_pid": 1.0, "correctness": 1.0}, timeout_s=30, on_error=0.0,
+                 max_error_frac=0.0, isolation="auto", max_consecutive_timeouts=None, judge={}, reward_model={})
+    scorer = RewardScorer(section)
+    assert {name: may_hang for name, (_, may_hang) in scorer.resolved.items()} == {
+        "robust_plugins:worker_pid": True, "correctness": False}
+    res = scorer(["2", "3"], [ITEM] * 2)
+    assert res.per_reward["correctness"] == [1.0, 0.0]
+    assert res.per_reward["robust_plugins:worker_pid"][0] != float(os.getpid())
+    same = compute_rewards(["2", "3"], [ITEM] * 2, list(section.weights.items()), timeout_s=30, isolation="auto")
+    assert res.total == same.total
 
 
 def test_failures_in_the_worker_read_as_in_this_process():

@@ -90,6 +90,23 @@ def test_advantages_broadcast_over_real_tokens_and_overlong_filter_masks_truncat
     assert metrics["rollout/overlong_filtered_frac"] == pytest.approx(1 / 8)
 
 
+def test_an_objective_bound_for_a_run_equals_the_registered_one_and_rebinds_for_another_section():
+    # for_run binds the section's registered functions once; the same section gives the registered
+    # instance's batch exactly, and another section (here group_mean: no division by the std) its own.
+    objective = OBJECTIVES.get("policy_gradient")
+    bound = objective.for_run(ALGO)
+    assert bound.bound.algo is ALGO and objective.bound is None
+    first = bound.prepare(learner_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 2], [False] * 4), ALGO,
+                          normalizer=RewardNormalizer(None), step=1)[0]
+    again = objective.prepare(learner_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 2], [False] * 4), ALGO,
+                              normalizer=RewardNormalizer(None), step=1)[0]
+    torch.testing.assert_close(first["advantages"], again["advantages"], rtol=0, atol=0)
+    other = OmegaConf.merge(ALGO, {"advantage": "group_mean"})
+    mean_only = bound.prepare(learner_batch([1.0, 0.0, 0.5, 0.5], [3, 1, 2, 2], [False] * 4), other,
+                              normalizer=RewardNormalizer(None), step=1)[0]
+    torch.testing.assert_close(mean_only["advantages"][0], torch.tensor([0.5, 0.5, 0.5]), rtol=0, atol=1e-6)
+
+
 def test_preference_pairs_best_against_worst():
     b = learner_batch([1.0, 0.0, 0.3, 0.3], lengths=[2, 2, 2, 2], truncated=[False] * 4)
     pairs, metrics = OBJECTIVES.get("preference").prepare(b, ALGO, normalizer=RewardNormalizer(None), step=1)

@@ -40,6 +40,7 @@ from .core import (
     rloo,
     sapo,
     soft_overlong_penalty,
+    token_mean,
     vanilla_pg,
 )
 from .kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
@@ -108,5 +109,6 @@ __all__ = [
     "sapo",
     "sequence_logps",
     "soft_overlong_penalty",
+    "token_mean",
     "vanilla_pg",
 ]

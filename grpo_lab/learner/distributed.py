@@ -174,13 +174,6 @@ def merge_metric_means(mean) -> None:
             mean.weights[k] += weights[k]
 
 
-def to_float(x) -> float:
-    """A (possibly DTensor) scalar as a Python float on every rank."""
-    from torch.distributed.tensor import DTensor
-
-    return float(x.full_tensor() if isinstance(x, DTensor) else x)
-
-
 # ---------------------------------------------------------------------------------------- state
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded state dict on CPU, on rank 0 only (others get {}); a collective."""

@@ -190,7 +190,7 @@ class Learner:
                  max_completion_len: int):
         torch.manual_seed(seed)
         self.cfg, self.algo, self.temperature = learner_cfg, algo_cfg, temperature
-        self.objective = objective
+        self.objective = objective.for_run(algo_cfg)   # its registered parts bound once
         # learner.strategy=fsdp2: weights sharded over the torchrun ranks, rows split (learner/distributed.py).
         self.sharded = learner_cfg.strategy == "fsdp2"
         if self.sharded:

@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from grpo_lab.learner import distributed
 from grpo_lab.learner.batch import TensorBatch, completion_logits, token_logprobs
 
 
@@ -69,6 +68,13 @@ def load_causal_lm(model_dir: str | Path, *, device: torch.device, attn_implemen
         model = apply_lora(model, lora)
     return model.train()
 
+
+
+def to_float(x) -> float:
+    """A (possibly DTensor) scalar as a Python float on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    return float(x.full_tensor() if isinstance(x, DTensor) else x)
 
 class TrainableModel:
     """`model` with its own AdamW, schedule, autocast and clipped step (module docstring).
@@ -112,9 +118,9 @@ class TrainableModel:
             return 0.0
         # Under fsdp2 the gradients are DTensor shards: the norms below are global (DTensor reduces them).
         if self.grad_clip > 0:
-            norm = distributed.to_float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+            norm = to_float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
         elif self.sharded:
-            norm = distributed.to_float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+            norm = to_float(torch.nn.utils.get_total_norm([p.grad for p in params]))
         else:
             norm = float(torch.norm(torch.stack([p.grad.norm() for p in params])))
         if math.isfinite(norm):
@@ -143,7 +149,7 @@ class TrainableModel:
         """One reduction over every weight: NaN or inf anywhere makes the sum non-finite."""
         with torch.no_grad():
             if self.sharded:
-                return math.isfinite(math.fsum(distributed.to_float(p.float().sum()) for p in self.model.parameters()))
+                return math.isfinite(math.fsum(to_float(p.float().sum()) for p in self.model.parameters()))
             return bool(torch.isfinite(torch.stack([p.float().sum() for p in self.model.parameters()]).sum()))
 
     def state_dict(self, *, optimizer: bool = True) -> dict:

@@ -85,6 +85,12 @@ class Objective:
         return LearnerNeeds(reference=self.needs_reference(algo), critic=self.needs_critic(algo), views=self.views,
                             entropy=self.views is None and (self.logs_entropy or in_loss), entropy_grad=in_loss)
 
+    def for_run(self, algo) -> Objective:
+        """This objective for one run's `algo`: what `algo` names (registered functions and their settings)
+        resolved once, for the learner and the loop, which call it every step with that same section. By
+        default there is nothing to resolve; the registered instance serves as it is."""
+        return self
+
     def minibatch_plan(self, minibatch, algo) -> MinibatchPlan:
         """The minibatch's rows without gradient and its normalisers (`rows_without_gradient`, `minibatch_norms`)."""
         return MinibatchPlan(self.rows_without_gradient(minibatch, algo), self.minibatch_norms(minibatch))

@@ -8,19 +8,23 @@ and DPPO are all this objective with different registered parts: an algorithm is
             sample when the best-of-group anchor is on.
 
 Both KL placements live here, so one file says where the KL term goes. Settings reach the pure
-functions through their registries' ``call`` (each function takes only the ``algorithm.*`` fields it
-names).
+functions through their registries (each function takes only the ``algorithm.*`` fields it names),
+bound once per run (``PolicyGradient.for_run``) rather than looked up at every step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from grpo_lab.algos import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES,
-                            ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTION_MODES, aggregate, best_of_group_mask,
-                            linear_warmup, log_ratio_stats)
-from grpo_lab.registry import check_registered
-from grpo_lab.objectives.base import OBJECTIVES, Objective, settings_of
+                            ROLLOUT_CORRECTION_LEVELS, ROLLOUT_CORRECTION_MODES, best_of_group_mask, linear_warmup,
+                            log_ratio_stats, token_mean)
+from grpo_lab.registry import check_registered, known_kwargs
+from grpo_lab.objectives.base import OBJECTIVES, MinibatchPlan, Objective, settings_of
 
 # Where the KL(π || π_ref) penalty acts (algorithm.kl.placement).
 KL_PLACEMENTS = ("loss", "reward")
@@ -41,6 +45,28 @@ def check_rollout_correction(rc, errors: list[str]) -> None:
                       "uses 0.5)")
 
 
+@dataclass(frozen=True)
+class RegisteredParts:
+    """The registered functions an ``algorithm`` section names, with its settings bound (``Registry.bind``)."""
+
+    algo: Any                      # the section they were bound from
+    advantage: Callable            # ADVANTAGE_ESTIMATORS entry: (token_rewards, mask, group_ids[, values=])
+    takes_values: bool             # ... whether it reads the value model's values (GAE)
+    policy_loss: Callable          # POLICY_LOSSES entry: (logprobs, old_logprobs, advantages, mask, is_weights=)
+    zero_at_zero_advantage: bool   # the policy loss's fact: 0 (and no gradient) where A = 0
+    kl: Callable                   # KL_ESTIMATORS entry: (logprobs, ref_logprobs) -> [N, T]
+    aggregation: Callable          # AGGREGATIONS entry: (loss_mat, mask, *, num_tokens, num_seqs, max_len)
+
+    @classmethod
+    def of(cls, algo) -> RegisteredParts:
+        settings = settings_of(algo)
+        advantage = ADVANTAGE_ESTIMATORS.bind(algo.advantage, **settings)
+        return cls(algo, advantage, "values" in known_kwargs(advantage.func, {"values": None}),
+                   POLICY_LOSSES.bind(algo.policy_loss, **settings),
+                   POLICY_LOSSES.fact(algo.policy_loss, "zero_at_zero_advantage"), KL_ESTIMATORS.get(algo.kl.estimator),
+                   AGGREGATIONS.get(algo.aggregation))
+
+
 class PolicyGradient(Objective):
     views = None            # the policy's logprobs of the micro-batch's own rows
     logs_entropy = True     # the token entropy is always logged
@@ -51,6 +77,16 @@ class PolicyGradient(Objective):
                   "algorithm.aggregation", "algorithm.kl", "algorithm.entropy_coef", "algorithm.overlong.filter",
                   "algorithm.tis_cap", "algorithm.rollout_correction", "algorithm.critic", "algorithm.reward_ema_decay", "algorithm.sft_anchor_coef",
                   "algorithm.sft_anchor_warmup")
+
+    def __init__(self, bound: RegisteredParts | None = None):
+        self.bound = bound   # one run's parts (for_run); the registered instance resolves them at each call
+
+    def for_run(self, algo) -> PolicyGradient:
+        return PolicyGradient(RegisteredParts.of(algo))
+
+    def parts(self, algo) -> RegisteredParts:
+        """What `algo` names: bound once for the run's own section, looked up afresh for any other."""
+        return self.bound if self.bound is not None and self.bound.algo is algo else RegisteredParts.of(algo)
 
     def entropy_in_loss(self, algo) -> bool:
         return algo.entropy_coef > 0
@@ -122,6 +158,7 @@ class PolicyGradient(Objective):
     def prepare(self, batch, algo, *, normalizer, step: int, seed: int = 0):
         """Token rewards -> registered advantage estimator; sets advantages, returns, loss_mask (and
         the best-of-group anchor's weights)."""
+        parts = self.parts(algo)
         mask = batch["response_mask"]
         rewards = normalizer(batch["rewards"])
         # The scalar outcome reward sits on the last real token (outcome-reward convention of verl/OpenRLHF):
@@ -133,12 +170,11 @@ class PolicyGradient(Objective):
         metrics = {}
         if algo.kl.coef > 0 and algo.kl.placement == "reward":
             # KL inside the reward (PPO / REINFORCE++): r_t -= β · KL_t(π_old || π_ref).
-            kl = KL_ESTIMATORS.get(algo.kl.estimator)(batch["old_logprobs"], batch["ref_logprobs"]) * mask
+            kl = parts.kl(batch["old_logprobs"], batch["ref_logprobs"]) * mask
             token_rewards = token_rewards - algo.kl.coef * kl
             metrics["reward/kl_penalty"] = float(kl.sum() / mask.sum().clamp(min=1))
-        values = batch["old_values"] if "old_values" in batch else None
-        advantages, returns = ADVANTAGE_ESTIMATORS.call(algo.advantage, token_rewards, mask, batch["group_ids"],
-                                                        values=values, **settings_of(algo))
+        values = {"values": batch["old_values"] if "old_values" in batch else None} if parts.takes_values else {}
+        advantages, returns = parts.advantage(token_rewards, mask, batch["group_ids"], **values)
         batch["advantages"], batch["returns"] = advantages, returns
         loss_mask = mask.clone()
         if algo.overlong.filter:
@@ -155,11 +191,14 @@ class PolicyGradient(Objective):
         metrics["reward/mean_used"] = float(rewards[real].mean()) if real.any() else 0.0
         return batch, metrics
 
-    def minibatch_norms(self, minibatch) -> dict:
-        if "anchor_weight" not in minibatch:
-            return {}
-        anchor_tokens = (minibatch["response_mask"] * minibatch["anchor_weight"][:, None]).sum()
-        return {"anchor": (minibatch.extras["anchor_coef"], anchor_tokens.clamp(min=1).item())}
+    def minibatch_plan(self, minibatch, algo) -> MinibatchPlan:
+        """Rows without gradient (`rows_without_gradient`) and, with the best-of-group anchor on, its
+        coefficient and token count over the minibatch (the anchor's normaliser)."""
+        norms = {}
+        if "anchor_weight" in minibatch:
+            anchor_tokens = (minibatch["response_mask"] * minibatch["anchor_weight"][:, None]).sum()
+            norms["anchor"] = (minibatch.extras["anchor_coef"], anchor_tokens.clamp(min=1).item())
+        return MinibatchPlan(self.rows_without_gradient(minibatch, algo), norms)
 
     def rows_without_gradient(self, minibatch, algo):
         """Rows that add exactly nothing to the loss below: no token left in `loss_mask` (every term is
@@ -171,7 +210,7 @@ class PolicyGradient(Objective):
         loss_tokens = minibatch["loss_mask"] > 0                             # [n, T]
         silent = ~loss_tokens.any(-1)
         only_policy_loss = algo.entropy_coef == 0 and not (algo.kl.coef > 0 and algo.kl.placement == "loss")
-        if only_policy_loss and POLICY_LOSSES.fact(algo.policy_loss, "zero_at_zero_advantage"):
+        if only_policy_loss and self.parts(algo).zero_at_zero_advantage:
             silent |= ~((minibatch["advantages"] != 0) & loss_tokens).any(-1)
         if only_policy_loss and "is_weights" in minibatch:
             # The rollout correction's weights multiply the policy loss only: an answer it masked whole adds nothing.
@@ -186,30 +225,30 @@ class PolicyGradient(Objective):
         group (if the supervised anchor is on), aggregated with the configured mode over the
         minibatch-wide normalisers. logprobs, entropy (on the autograd graph only when the bonus uses
         it), ref_logprobs (None without a reference): [n, T]."""
-        a, logp = algo, logprobs
+        a, logp, parts = algo, logprobs, self.parts(algo)
         mask = micro["loss_mask"]
-        loss_mat, m = POLICY_LOSSES.call(a.policy_loss, logp, micro["old_logprobs"], micro["advantages"], mask,
-                                         is_weights=micro.get("is_weights"), **settings_of(a))
+        loss_mat, m = parts.policy_loss(logp, micro["old_logprobs"], micro["advantages"], mask,
+                                        is_weights=micro.get("is_weights"))
         total = loss_mat
         # The spread of log(π/π_old) over the loss's tokens, the same number whichever loss ran.
         metrics = {k: float(v) for k, v in {**m, **log_ratio_stats(logp, micro["old_logprobs"], mask)}.items()}
         if ref_logprobs is not None and a.kl.coef > 0:
-            kl = KL_ESTIMATORS.get(a.kl.estimator)(logp, ref_logprobs)  # [n, T]
+            kl = parts.kl(logp, ref_logprobs)  # [n, T]
             metrics["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
             if a.kl.placement == "loss":
                 total = total + a.kl.coef * kl
         if a.entropy_coef > 0:
             total = total - a.entropy_coef * entropy
-        loss = aggregate(total, mask, a.aggregation, num_tokens=norm["num_tokens"],
-                         num_seqs=norm["num_seqs"], max_len=norm["max_len"])
-        metrics["pg_loss"] = float(aggregate(loss_mat.detach(), mask, a.aggregation)) if mask.any() else 0.0
+        loss = parts.aggregation(total, mask, num_tokens=norm["num_tokens"], num_seqs=norm["num_seqs"],
+                                 max_len=norm["max_len"])
+        metrics["pg_loss"] = float(parts.aggregation(loss_mat.detach(), mask)) if mask.any() else 0.0
         metrics["entropy"] = float((entropy.detach() * micro["response_mask"]).sum()
                                    / micro["response_mask"].sum().clamp(min=1))
         if "anchor" in norm:
             # Best-of-group supervised anchor: NLL of each group's best completion, token-mean over them.
             coef, anchor_tokens = norm["anchor"]
             anchor_mask = micro["response_mask"] * micro["anchor_weight"][:, None]
-            loss = loss + coef * aggregate(-logp, anchor_mask, "token_mean", num_tokens=anchor_tokens)
+            loss = loss + coef * token_mean(-logp, anchor_mask, num_tokens=anchor_tokens)
         return loss, metrics
 
     def run_name_knobs(self, algo) -> str:

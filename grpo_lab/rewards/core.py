@@ -310,14 +310,15 @@ class _RewardCalls:
     ``name`` within ``timeout_s``, in this process or in the worker (``isolation``), with the settings
     its signature names; timeouts in a row are counted per reward (any other outcome ends a streak)."""
 
-    def __init__(self, fns: dict[str, Any], settings: dict[str, Any], *, timeout_s: float | None, isolation: str,
-                 max_consecutive_timeouts: int | None):
+    def __init__(self, resolved: dict[str, tuple[Any, bool]], settings: dict[str, Any], *, timeout_s: float | None,
+                 isolation: str, max_consecutive_timeouts: int | None):
         if isolation not in ISOLATION:
             raise ValueError(f"reward.isolation={isolation!r}; valid choices: {', '.join(ISOLATION)}")
-        self.fns, self.settings, self.timeout_s, self.limit = fns, settings, timeout_s, max_consecutive_timeouts
+        self.fns = {name: fn for name, (fn, _) in resolved.items()}
+        self.settings, self.timeout_s, self.limit = settings, timeout_s, max_consecutive_timeouts
         # A function that runs in the worker travels there by reference (module and name).
-        self.refs = {name: function_ref(fn, name) for name, fn in fns.items()
-                     if isolation == "process" or (isolation == "auto" and REWARDS.fact(name, "may_hang"))}
+        self.refs = {name: function_ref(fn, name) for name, (fn, may_hang) in resolved.items()
+                     if isolation == "process" or (isolation == "auto" and may_hang)}
         self.streak: dict[str, int] = {}
 
     def __call__(self, name: str, comps: list[str], flds: dict[str, list]) -> Any:
@@ -490,6 +491,7 @@ def compute_rewards(
     settings: dict[str, Any] | None = None,
     isolation: str = "thread",
     max_consecutive_timeouts: int | None = None,
+    resolved: dict[str, tuple[Any, bool]] | None = None,
 ) -> RewardResult:
     """Weighted sum of reward functions, with failures contained.
 
@@ -515,16 +517,19 @@ def compute_rewards(
     (not inside a C call, nor a sleep outside the main thread). ``process``: in a worker process
     killed at the timeout (:mod:`grpo_lab.rewards.isolation`). ``auto``: the worker for entries
     whose ``may_hang`` fact is true, here for the others.
+
+    ``resolved``: :func:`resolve_rewards` of ``specs``, for a caller that scores every step with the same
+    rewards (:class:`RewardScorer`); looked up here when not given.
     """
     n = len(completions)
     specs = _checked_specs(completions, items, specs)
-    fns = {name: REWARDS.get(name) for name, _ in specs}  # registered, or a plug-in 'package.module:function'
+    resolved = resolved if resolved is not None else resolve_rewards(specs)
     fields = reward_fields(items)
     settings = dict(settings or {})
     clash = sorted(set(settings) & set(fields))
     if clash:
         raise ValueError(f"reward settings {clash} have the names of per-sample fields; rename them")
-    call = _RewardCalls(fns, settings, timeout_s=timeout_s, isolation=isolation,
+    call = _RewardCalls(resolved, settings, timeout_s=timeout_s, isolation=isolation,
                         max_consecutive_timeouts=max_consecutive_timeouts)
     completions = list(completions)
     failures = _Failures(completions, on_error=on_error, max_error_frac=max_error_frac)
@@ -537,6 +542,26 @@ def compute_rewards(
         per[name] = vals
         total = [t + w * v for t, v in zip(total, vals)]
     return RewardResult(total, per, failures.metrics(), info)
+
+
+def resolve_rewards(specs: Sequence[tuple[str, float]]) -> dict[str, tuple[Any, bool]]:
+    """Each reward name of ``specs`` -> (its function: registered, or a plug-in 'package.module:function'
+    imported now; its ``may_hang`` fact)."""
+    return {name: (REWARDS.get(name), REWARDS.fact(name, "may_hang")) for name, _ in specs}
+
+
+class RewardScorer:
+    """``scorer(completions, items) -> RewardResult``: a ``reward`` section's weighted functions (``specs``,
+    by default its ``weights``) under its containment settings, looked up and resolved once for a run that
+    scores every step (:func:`compute_rewards`)."""
+
+    def __init__(self, reward_cfg: Any, specs: Sequence[tuple[str, float]] | None = None):
+        self.specs = list(reward_cfg.weights.items() if specs is None else specs)
+        self.settings = contained_settings(reward_cfg)
+        self.resolved = resolve_rewards(self.specs)
+
+    def __call__(self, completions: list[str], items: Sequence[Any]) -> RewardResult:
+        return compute_rewards(completions, items, self.specs, resolved=self.resolved, **self.settings)
 
 
 def contained_settings(reward_cfg: Any) -> dict[str, Any]:

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m grpo_lab.tables.s
     from omegaconf import OmegaConf
 
     from grpo_lab.config import validate
-    from grpo_lab.run_setup import open_recorder, record_outcome
+    from grpo_lab.launch import record_outcome
+    from grpo_lab.run_setup import open_recorder
 
     # `+variant=...` labels the row for make_table's grouping; it is recorded, not composed.
     labels = [o for o in overrides if o.lstrip("+").startswith("variant=")]
