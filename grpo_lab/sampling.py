@@ -106,18 +106,20 @@ def rollout_phase(engine, tokenizer, items: list, rollout_cfg, *, group_size: in
                            max_new_tokens=rollout_cfg.max_new_tokens, seed=seed)
 
 
-def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, scorer: RewardScorer, max_new_tokens: int,
-                 seed: int, interaction_cfg=None, judge_seed: int = 0) -> tuple[ScoredRollout, dict]:
+def reward_phase(rollout: Rollout, items: list, reward_cfg, algo_cfg, *, max_new_tokens: int, seed: int,
+                 interaction_cfg=None, judge_seed: int = 0, scorer: RewardScorer | None = None
+                 ) -> tuple[ScoredRollout, dict]:
     """Weighted sum of the registered reward functions (each sample contained: a function that raises,
     returns NaN or times out scores `reward.on_error` and is counted), then `reward.noise` (its draws
     seeded by the rollout's `seed`, the judge's fixed per-prompt bias by the run's `judge_seed`), plus
     DAPO's soft overlong punishment. A multi-turn rollout scores every
-    actor answer and combines them by `interaction.reward` (grpo_lab.interaction.score_turns)."""
+    actor answer and combines them by `interaction.reward` (grpo_lab.interaction.score_turns). `scorer`: the
+    run's reward functions, looked up once (GroupSampler's); None looks them up for this call."""
     seq_items = [items[g] for g in rollout.group_ids]
     if rollout.turns is not None:
         rewards, correct, info, per_fn, failures = score_turns(rollout, seq_items, reward_cfg, interaction_cfg)
     else:
-        result = scorer(rollout.texts, seq_items)
+        result = (scorer or RewardScorer(reward_cfg))(rollout.texts, seq_items)
         total, per_fn = result
         rewards = torch.tensor(total, dtype=torch.float32)
         correct = torch.tensor([float(is_correct(t, it)) for t, it in zip(rollout.texts, seq_items)])
