@@ -54,7 +54,7 @@ from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, jobs_overl
                                     machine_description, merge_added_launch, new_launch, repeated_jobs_problem,
                                     run_table, same_launch, seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
-from grpo_lab.tables.record import record_paths, restore, warmup_replay
+from grpo_lab.tables.record import committed_stopped_launch, record_paths, restore, warmup_replay
 
 
 def seed_list(flag: str):
@@ -222,15 +222,29 @@ def main(argv: list[str] | None = None) -> int:
         for note in restored:
             print(f"[make_table] {note}", file=sys.stderr)
         launch_notes += restored
+    elif not args.dry_run and not plan.smoke and committed_stopped_launch(plan) is not None:
+        # The committed record holds a launch stopped in another checkout: it continues here (below).
+        restored = restore(plan)
+        for note in restored:
+            print(f"[make_table] {note}", file=sys.stderr)
     if args.report_only:
         if not plan.runs_dir.exists():
             print(f"error: {plan.runs_dir} does not exist: run the table first", file=sys.stderr)
             return 2
         meta = plan.runs_dir / "table_meta.json"
+        stopped = state.read_launch(plan.runs_dir)
         if meta.exists():
             m = json.loads(meta.read_text())
             header.update({k: m[k] for k in ("command", "machine", "date") if k in m})
             launch_notes += m.get("launch_notes", [])
+        elif stopped is not None:   # a first launch stopped before it finished: what its record says
+            header.update(command=stopped["invocation"], date=f"{stopped['date']}; stopped before it finished")
+        if stopped is not None:
+            runs = [state.run_state(d) for d in state.planned_runs(stopped, plan.runs_dir)]
+            launch_notes.append(
+                f"the launch `{stopped['invocation']}` is stopped: {sum(r.state == state.DONE for r in runs)} of "
+                f"{len(runs)} runs finished; running that command again (here, or in a checkout holding this "
+                "record) continues it")
         result = build(plan, header_extra=header, launch_notes=launch_notes)
         print(result["table"])
         print(f"wrote {result['md']}", file=sys.stderr)

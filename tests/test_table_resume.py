@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -242,6 +243,48 @@ def test_a_killed_table_continues_to_the_same_table(warm_cache, tmp_path):
     assert len(meta["attempts"]) == 2 and "over 2 attempts (stopped and continued)" in meta["date"]
     assert meta["run_times"]["1_b_s0"]["resumed"] and meta["run_times"]["1_b_s0"]["compute_time_s"] > 0
     assert meta["run_times"]["1_b_s0"]["mean_host_load_1m"] > 0
+    assert not (runs / state.LAUNCH_FILE).exists()
+
+
+@pytest.mark.slow
+def test_a_killed_table_recorded_here_continues_in_a_checkout_without_its_runs(warm_cache, tmp_path):
+    """A table longer than a session: stopped after its first run, recorded (--report-only; the interrupted
+    run moved aside, as it starts over anyway), its run directories then gone. The same command restores the
+    finished run and the launch from the record and runs only the other run, to the same table."""
+    _finish(_table(tmp_path, "whole", warm_cache))
+    proc = _table(tmp_path, "stopped", warm_cache, start_new_session=True)
+    runs = tmp_path / "stopped" / "runs" / "tiny"
+    first, second = runs / "0_a_s0", runs / "1_b_s0"
+    deadline = time.time() + 900
+    while state.run_state(first).state != state.DONE:
+        assert proc.poll() is None and time.time() < deadline, "the table ended before it could be stopped"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    while state.run_state(second).state == state.RUNNING:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    shutil.rmtree(second, ignore_errors=True)
+    report = subprocess.run([sys.executable, "scripts/make_table.py", str(tiny_spec(tmp_path)), "--report-only",
+                             "--runs-root", str(tmp_path / "stopped" / "runs"), "--tables-root",
+                             str(tmp_path / "stopped" / "tables")], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    meta = json.loads((tmp_path / "stopped" / "tables" / "tiny_meta.json").read_text())
+    assert [j["dir"] for j in meta["stopped_launch"]["jobs"]] == ["0_a_s0", "1_b_s0"]
+    assert "stopped before it finished" in meta["date"]
+
+    shutil.rmtree(tmp_path / "stopped" / "runs")                  # another checkout: only the record
+    out = _finish(_table(tmp_path, "stopped", warm_cache))
+    assert "1 runs (seeds 0) restored from" in out and "continuing the stopped launch" in out, out[-3000:]
+    whole, again = tmp_path / "whole" / "tables", tmp_path / "stopped" / "tables"
+    assert ("1 finished runs kept, 0 resumed from their newest checkpoint, 0 started over, 1 started"
+            in (again / "tiny.md").read_text())
+    assert json.loads((first / "summary.json").read_text())["restored_from"]
+    assert _without_timings(second) == _without_timings(tmp_path / "whole" / "runs" / "tiny" / "1_b_s0")
+    assert (again / "tiny.csv").read_text() == (whole / "tiny.csv").read_text()
+    meta = json.loads((again / "tiny_meta.json").read_text())   # the record of a finished table
+    assert "over 2 attempts (stopped and continued)" in meta["date"] and "stopped_launch" not in meta
     assert not (runs / state.LAUNCH_FILE).exists()
 
 

@@ -991,6 +991,50 @@ def test_a_table_restored_from_its_committed_record_is_the_same_table(tmp_path, 
     assert restored["recorded"]["final_acc"] == 0.7 and restored["final"] == {"eval/accuracy": 0.7}
 
 
+def test_a_stopped_launch_carries_over_to_a_checkout_without_its_runs_and_continues_there(tmp_path):
+    """A table of hours outlives the checkout that started it: a first launch stopped after its seed-0 runs is
+    recorded with its launch (stopped_launch in the meta); a checkout holding only the record restores the
+    finished runs and the launch, which the same command then continues: finished runs kept, the rest to do."""
+    from grpo_lab.tables import state
+    from grpo_lab.tables.launch import same_launch, variant_contents
+    from grpo_lab.tables.record import committed_stopped_launch, restore
+
+    spec_path, plan = _recorded_table(tmp_path, RECORD_SPECS["by_overrides"])
+    (plan.runs_dir / "table_meta.json").unlink()                  # a first launch writes it when it finishes
+    for d in plan.runs_dir.iterdir():
+        if not d.name.endswith("_s0"):
+            shutil.rmtree(d)                                       # seed 0 finished; the others never started
+    jobs = [{"overrides": [f"+variant={v}", f"seed={seed}", f"logger.group={plan.group}"], "dir": f"{i}_{v}_s{seed}"}
+            for i, (v, seed) in enumerate((v, seed) for seed in range(3) for v in "ab")]
+    (plan.runs_dir / "make_table.log").write_text("seed 0 done\n")
+    state.write_launch(plan.runs_dir, {
+        "invocation": "python scripts/make_table.py t", "command": [f"{REPO}/.venv/bin/python", *plan.command[1:]],
+        "group": plan.group, "stamp": plan.stamp, "run_dir_prefix": "", "seeds": [0, 1, 2], "added_what": None,
+        "date": "2026-12-08 00:13 UTC", "parallel_jobs": 1, "jobs": jobs, "sft_controls": [],
+        "variants": variant_contents(plan), "previous_meta": None,
+        "attempts": [{"invocation": "python scripts/make_table.py t", "started": "2026-12-08T00:13:19",
+                      "started_ts": 1.0, "pid": 1, "host": "elsewhere"}]})
+    built = build(plan, header_extra={"command": "python scripts/make_table.py t", "machine": "m"}, launch_notes=[])
+    meta = json.loads(built["meta"].read_text())
+    assert meta["date"] == "2026-12-08 00:13 UTC; stopped before it finished" and meta["seeds"] == [0, 1, 2]
+    carried = meta["stopped_launch"]
+    assert carried["command"][0] == ".venv/bin/python" and str(REPO) not in json.dumps(carried)
+    # the stopped attempt ends when its log last changed, so its wall time still counts where it continues
+    assert carried["attempts"][0]["ended_ts"] == (plan.runs_dir / "make_table.log").stat().st_mtime
+
+    shutil.rmtree(plan.runs_dir)                                   # a fresh checkout: only the record
+    assert committed_stopped_launch(plan) == carried
+    notes = restore(plan)
+    assert notes[0].startswith("2 runs (seeds 0) restored from") and "continues it" in notes[1]
+    assert committed_stopped_launch(plan) is None and restore(plan) == []
+    record = state.read_launch(plan.runs_dir)
+    assert record["jobs"] == jobs and same_launch(record, plan, added=False)
+    assert not (plan.runs_dir / "table_meta.json").exists()        # written when the continued launch finishes
+    states = {d.name: state.run_state(d).state for d in state.planned_runs(record, plan.runs_dir)}
+    assert states == {"0_a_s0": state.DONE, "1_b_s0": state.DONE, "2_a_s1": state.TODO, "3_b_s1": state.TODO,
+                      "4_a_s2": state.TODO, "5_b_s2": state.TODO}
+
+
 def _recorded_table_without_runs(tmp_path):
     """A table built and recorded, its run directories then removed (a fresh checkout holds only the record),
     and its scripts/make_table.py command line: (plan, make_table(*args) -> the finished process)."""

@@ -11,6 +11,11 @@ seeds at ~16 min each). Three committed files carry a table over:
                              (commands, seeds, dates, wall times, launch notes)
     tables/<name>_curves.csv every run's plotted learning curve (report/table.py `write_curves_csv`)
 
+A launch stopped before it finished (a table of hours, carried across sessions) is recorded too: its
+finished runs in the CSV, its launch record in the meta as `stopped_launch`; the same command, run in a
+fresh checkout, restores them and continues the launch, running only what had not finished (move an
+interrupted run's directory aside before recording: it starts over where the launch continues).
+
 `restore(plan)` turns them back into <runs dir>/table_meta.json and one *recorded run* per CSV row
 whose directory is missing: summary.json with the row's status, error, `final` accuracies and its
 column values under `recorded`, config.yaml and .hydra/overrides.yaml from its group label and seed,
@@ -90,14 +95,48 @@ def launch_record_relative(meta: dict, root: Path = ROOT) -> dict:
     return _project_relative(meta, root)
 
 
+def stopped_launch_record(plan: Plan) -> dict | None:
+    """The launch stopped in <runs dir> before all its runs ended (table_launch.json, grpo_lab/tables/state.py)
+    as committed, or None:
+    project-relative (the interpreter named from its environment's folder), each attempt given the end its
+    log shows, so the wall time it spent still counts where the launch continues."""
+    from grpo_lab.tables import state
+
+    record = state.read_launch(plan.runs_dir)
+    if record is None or all(state.run_state(d).state in (state.DONE, state.FAILED)
+                             for d in state.planned_runs(record, plan.runs_dir)):
+        return None   # none, or one whose every run ended: the table being built is its whole table
+    log_end = _mtime(plan.runs_dir / "make_table.log")
+    attempts = [{**a, "ended_ts": a.get("ended_ts", max(a["started_ts"], log_end))} for a in record["attempts"]]
+    python = record["command"][0]
+    python = python[python.index(".venv/"):] if ".venv/" in python else Path(python).name
+    return _project_relative({**record, "command": [python, *record["command"][1:]], "attempts": attempts})
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def write_meta(plan: Plan) -> Path | None:
-    """Copy <runs dir>/table_meta.json next to the table (tables/<name>_meta.json), project-relative."""
+    """Copy <runs dir>/table_meta.json next to the table (tables/<name>_meta.json), project-relative. A launch
+    stopped before it finished goes in as `stopped_launch`, so that the same command continues it in a checkout
+    without these runs (`restore`); a first launch stopped has no table_meta.json yet: the record then holds
+    what its launch record says."""
     src = plan.runs_dir / "table_meta.json"
-    if not src.exists():
+    stopped = stopped_launch_record(plan)
+    if not src.exists() and stopped is None:
         return None
     dest = record_paths(plan)[1]
+    if src.exists():
+        meta = launch_record_relative(json.loads(src.read_text()))
+    else:
+        meta = {"command": stopped["invocation"], "date": f"{stopped['date']}; stopped before it finished",
+                "launch_command": stopped["command"], "seeds": stopped["seeds"]}
     # runs_dir: where the runs CSV's paths point (the same display_path the CSV was written with).
-    meta = {**launch_record_relative(json.loads(src.read_text())), "runs_dir": display_path(plan.runs_dir)}
+    meta = {**meta, "runs_dir": display_path(plan.runs_dir), **({"stopped_launch": stopped} if stopped else {})}
     dest.write_text(json.dumps(meta, indent=2) + "\n")
     return dest
 
@@ -171,11 +210,22 @@ def write_recorded_run(run_dir: Path, row: dict[str, str], columns: list[str], s
                        "inputs": row["warmup_inputs"]}} if row.get("warmup_digest") else {})}, indent=2))
 
 
+def committed_stopped_launch(plan: Plan) -> dict | None:
+    """The stopped launch the table's committed record carries (`write_meta`), when this checkout's runs
+    directory holds neither a table nor a launch of its own; else None."""
+    meta = record_paths(plan)[1]
+    if not meta.exists() or any((plan.runs_dir / f).exists() for f in ("table_meta.json", "table_launch.json")):
+        return None
+    return json.loads(meta.read_text()).get("stopped_launch")
+
+
 def restore(plan: Plan) -> list[str]:
     """Rebuild a table's runs directory from its committed record when the directory has no
-    table_meta.json (a fresh checkout). Returns launch notes saying what was restored ([] if nothing was).
+    table_meta.json and no launch record (a fresh checkout); a launch the record says was stopped becomes
+    this directory's launch in progress, which the same command continues. Returns launch notes saying
+    what was restored ([] if nothing was).
     Raises FileNotFoundError naming what is missing when there is neither a runs directory nor a record."""
-    if (plan.runs_dir / "table_meta.json").exists():
+    if (plan.runs_dir / "table_meta.json").exists() or (plan.runs_dir / "table_launch.json").exists():
         return []
     runs_csv, meta, curves_csv = record_paths(plan)
     missing = [p for p in (runs_csv, meta) if not p.exists()]
@@ -191,7 +241,8 @@ def restore(plan: Plan) -> list[str]:
     source = _project_relative(str(runs_csv))
     # Where the runs were when the CSV was written: each run goes to the same place under this plan's
     # runs directory, which --runs-root may have moved.
-    recorded_dir = json.loads(meta.read_text()).get("runs_dir")
+    meta_record = json.loads(meta.read_text())
+    recorded_dir = meta_record.get("runs_dir")
     if recorded_dir is None:
         raise ValueError(f"{_project_relative(str(meta))} has no runs_dir (where its runs CSV's paths point): "
                          "rebuild it where the table's runs are (--report-only), or relaunch the table")
@@ -214,14 +265,26 @@ def restore(plan: Plan) -> list[str]:
         restored += 1
         with_curves += row["path"] in curves
     plan.runs_dir.mkdir(parents=True, exist_ok=True)
-    (plan.runs_dir / "table_meta.json").write_text(meta.read_text())
+    stopped = meta_record.pop("stopped_launch", None)
+    if stopped is None:
+        (plan.runs_dir / "table_meta.json").write_text(meta.read_text())
+    else:
+        # The stopped launch continues here: its finished runs are the recorded ones, the others start. A first
+        # launch has no table_meta.json until it finishes; a launch adding to a table keeps the table's.
+        from grpo_lab.tables import state
+
+        state.write_launch(plan.runs_dir, stopped)
+        if stopped.get("previous_meta") is not None:
+            (plan.runs_dir / "table_meta.json").write_text(json.dumps(meta_record, indent=2))
     seeds = sorted({int(r["seed"]) for r in rows if r["seed"] != ""})
     curves_text = ("with their learning curves" if with_curves == restored else
                    "without learning curves (none recorded), so the plot draws only the runs made here"
                    if with_curves == 0 else f"{with_curves} of them with a learning curve for the plot")
     return [f"{restored} runs (seeds {','.join(map(str, seeds))}) restored from {source} and "
             f"{_project_relative(str(meta))}: their run directories were not on this machine; the table reads "
-            f"their recorded values, {curves_text}"]
+            f"their recorded values, {curves_text}"] + (
+        [f"the launch `{stopped['invocation']}` of {stopped['date']} was stopped before it finished: running that "
+         "command again continues it, keeping these runs and running the others"] if stopped else [])
 
 
 def warmup_replay(runs_dir: Path, seeds: list[int]) -> tuple[dict[int, int], list[str]]:
