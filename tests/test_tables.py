@@ -1002,8 +1002,9 @@ def test_a_stopped_launch_carries_over_to_a_checkout_without_its_runs_and_contin
     spec_path, plan = _recorded_table(tmp_path, RECORD_SPECS["by_overrides"])
     (plan.runs_dir / "table_meta.json").unlink()                  # a first launch writes it when it finishes
     for d in plan.runs_dir.iterdir():
-        if not d.name.endswith("_s0"):
+        if not d.name.endswith("_s0") and d.name != "2_a_s1":
             shutil.rmtree(d)                                       # seed 0 finished; the others never started
+    (plan.runs_dir / "2_a_s1" / "summary.json").unlink()          # ... but this one, stopped mid-run
     jobs = [{"overrides": [f"+variant={v}", f"seed={seed}", f"logger.group={plan.group}"], "dir": f"{i}_{v}_s{seed}"}
             for i, (v, seed) in enumerate((v, seed) for seed in range(3) for v in "ab")]
     (plan.runs_dir / "make_table.log").write_text("seed 0 done\n")
@@ -1024,7 +1025,8 @@ def test_a_stopped_launch_carries_over_to_a_checkout_without_its_runs_and_contin
 
     shutil.rmtree(plan.runs_dir)                                   # a fresh checkout: only the record
     assert committed_stopped_launch(plan) == carried
-    notes = restore(plan)
+    assert "incomplete" in (tmp_path / "tables" / f"{plan.spec.name}_runs.csv").read_text()
+    notes = restore(plan)                                          # the unfinished run is not restored: it runs again
     assert notes[0].startswith("2 runs (seeds 0) restored from") and "continues it" in notes[1]
     assert committed_stopped_launch(plan) is None and restore(plan) == []
     record = state.read_launch(plan.runs_dir)

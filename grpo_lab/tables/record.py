@@ -13,8 +13,9 @@ seeds at ~16 min each). Three committed files carry a table over:
 
 A launch stopped before it finished (a table of hours, carried across sessions) is recorded too: its
 finished runs in the CSV, its launch record in the meta as `stopped_launch`; the same command, run in a
-fresh checkout, restores them and continues the launch, running only what had not finished (move an
-interrupted run's directory aside before recording: it starts over where the launch continues).
+fresh checkout, restores them and continues the launch, running only what had not finished: an unfinished
+run starts over there (move its directory aside before recording, so the committed table shows finished runs
+only).
 
 `restore(plan)` turns them back into <runs dir>/table_meta.json and one *recorded run* per CSV row
 whose directory is missing: summary.json with the row's status, error, `final` accuracies and its
@@ -248,6 +249,10 @@ def restore(plan: Plan) -> list[str]:
                          "rebuild it where the table's runs are (--report-only), or relaunch the table")
     curves = read_curves(curves_csv)
     restored, with_curves = 0, 0
+    if meta_record.get("stopped_launch") is not None:
+        # A run the stopped launch left unfinished runs again where it continues (a recorded run would read
+        # as finished or failed, and be kept).
+        rows = [row for row in rows if row["status"] in ("completed", "failed")]
     for row in rows:
         try:
             run_dir = plan.runs_dir / Path(row["path"]).relative_to(recorded_dir)
