@@ -54,7 +54,8 @@ from grpo_lab.tables.launch import (archive_previous, jobs_but_seeds, jobs_overl
                                     machine_description, merge_added_launch, new_launch, repeated_jobs_problem,
                                     run_table, same_launch, seeds_on_disk, sft_controls)
 from grpo_lab.tables import readme as readme_tables
-from grpo_lab.tables.record import committed_stopped_launch, record_paths, restore, warmup_replay
+from grpo_lab.tables.record import (committed_stopped_launch, record_paths, restore, stopped_date,
+                                   stopped_launch_record, warmup_replay)
 
 
 def seed_list(flag: str):
@@ -237,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             m = json.loads(meta.read_text())
             header.update({k: m[k] for k in ("command", "machine", "date") if k in m})
             launch_notes += m.get("launch_notes", [])
-        elif stopped is not None:   # a first launch stopped before it finished: what its record says
-            header.update(command=stopped["invocation"], date=f"{stopped['date']}; stopped before it finished")
+        elif stopped_launch_record(plan) is not None:   # a first launch stopped before it finished: its record's
+            header.update(command=stopped["invocation"], date=stopped_date(stopped_launch_record(plan)))
         if stopped is not None:
             runs = [state.run_state(d) for d in state.planned_runs(stopped, plan.runs_dir)]
             launch_notes.append(

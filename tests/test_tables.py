@@ -1017,7 +1017,9 @@ def test_a_stopped_launch_carries_over_to_a_checkout_without_its_runs_and_contin
                       "started_ts": 1.0, "pid": 1, "host": "elsewhere"}]})
     built = build(plan, header_extra={"command": "python scripts/make_table.py t", "machine": "m"}, launch_notes=[])
     meta = json.loads(built["meta"].read_text())
-    assert meta["date"] == "2026-12-08 00:13 UTC; stopped before it finished" and meta["seeds"] == [0, 1, 2]
+    ran = (plan.runs_dir / "make_table.log").stat().st_mtime - 1.0   # what it ran so far: started at 1.0
+    assert meta["date"] == f"2026-12-08 00:13 UTC; wall time {ran / 60:.1f} min so far; stopped before it finished"
+    assert meta["seeds"] == [0, 1, 2] and meta["wall_time_s"] == ran
     carried = meta["stopped_launch"]
     assert carried["command"][0] == ".venv/bin/python" and str(REPO) not in json.dumps(carried)
     # the stopped attempt ends when its log last changed, so its wall time still counts where it continues

@@ -114,6 +114,13 @@ def stopped_launch_record(plan: Plan) -> dict | None:
     return _project_relative({**record, "command": [python, *record["command"][1:]], "attempts": attempts})
 
 
+def stopped_date(stopped: dict) -> str:
+    """The date line of a first launch stopped before it finished (`stopped_launch_record`'s): when it began
+    and the wall time its attempts ran."""
+    wall = sum(a["ended_ts"] - a["started_ts"] for a in stopped["attempts"])
+    return f"{stopped['date']}; wall time {wall / 60:.1f} min so far; stopped before it finished"
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
@@ -134,8 +141,8 @@ def write_meta(plan: Plan) -> Path | None:
     if src.exists():
         meta = launch_record_relative(json.loads(src.read_text()))
     else:
-        meta = {"command": stopped["invocation"], "date": f"{stopped['date']}; stopped before it finished",
-                "launch_command": stopped["command"], "seeds": stopped["seeds"]}
+        meta = {"command": stopped["invocation"], "date": stopped_date(stopped), "launch_command": stopped["command"],
+                "seeds": stopped["seeds"], "wall_time_s": sum(a["ended_ts"] - a["started_ts"] for a in stopped["attempts"])}
     # runs_dir: where the runs CSV's paths point (the same display_path the CSV was written with).
     meta = {**meta, "runs_dir": display_path(plan.runs_dir), **({"stopped_launch": stopped} if stopped else {})}
     dest.write_text(json.dumps(meta, indent=2) + "\n")
