@@ -58,15 +58,27 @@ def _left_behind(box: Sandbox) -> list[str]:
     siblings = set()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         siblings = {c.pid for c in psutil.Process(os.getppid()).children()} - {os.getpid()}
-    for p in psutil.process_iter(["pid", "uids"]):
-        uids = p.info.get("uids")
-        if uids and UID_BASE <= uids.real < UID_BASE + 64:
-            try:
-                if siblings & {a.pid for a in p.parents()}:
-                    continue
-            except psutil.Error:
-                continue   # gone while looked at
-            out.append(f"{p.pid} uid {uids.real}")
+
+    def strays() -> dict[tuple[int, float], str]:
+        found = {}
+        for p in psutil.process_iter(["pid", "uids", "create_time"]):
+            uids = p.info.get("uids")
+            if uids and UID_BASE <= uids.real < UID_BASE + 64:
+                try:
+                    if siblings & {a.pid for a in p.parents()}:
+                        continue
+                except psutil.Error:
+                    continue   # gone while looked at
+                found[(p.pid, p.info["create_time"])] = f"{p.pid} uid {uids.real}"
+        return found
+
+    # A sibling worker's sandbox ending its tree orphans a grandchild for an instant before it kills it: a
+    # stray counts only if the same process is still there a moment later (one of ours that escaped would be).
+    first = strays()
+    if first:
+        time.sleep(3.0)
+        later = strays()
+        out += [text for key, text in first.items() if key in later]
     return out
 
 
