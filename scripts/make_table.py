@@ -234,12 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         meta = plan.runs_dir / "table_meta.json"
         stopped = state.read_launch(plan.runs_dir)
+        unfinished = stopped_launch_record(plan)
         if meta.exists():
             m = json.loads(meta.read_text())
             header.update({k: m[k] for k in ("command", "machine", "date") if k in m})
             launch_notes += m.get("launch_notes", [])
-        elif stopped_launch_record(plan) is not None:   # a first launch stopped before it finished: its record's
-            header.update(command=stopped["invocation"], date=stopped_date(stopped_launch_record(plan)))
+        elif unfinished is not None:   # a first launch stopped before it finished: what its record says
+            header.update(command=unfinished["invocation"], date=stopped_date(unfinished))
         if stopped is not None:
             runs = [state.run_state(d) for d in state.planned_runs(stopped, plan.runs_dir)]
             launch_notes.append(

@@ -102,30 +102,26 @@ def stopped_launch_record(plan: Plan) -> dict | None:
     project-relative (the interpreter named from its environment's folder), each attempt given the end its
     log shows, so the wall time it spent still counts where the launch continues."""
     from grpo_lab.tables import state
+    from grpo_lab.tables.launch import end_stopped_attempts
 
     record = state.read_launch(plan.runs_dir)
     if record is None or all(state.run_state(d).state in (state.DONE, state.FAILED)
                              for d in state.planned_runs(record, plan.runs_dir)):
         return None   # none, or one whose every run ended: the table being built is its whole table
-    log_end = _mtime(plan.runs_dir / "make_table.log")
-    attempts = [{**a, "ended_ts": a.get("ended_ts", max(a["started_ts"], log_end))} for a in record["attempts"]]
+    end_stopped_attempts(record, plan.runs_dir / "make_table.log")
     python = record["command"][0]
     python = python[python.index(".venv/"):] if ".venv/" in python else Path(python).name
-    return _project_relative({**record, "command": [python, *record["command"][1:]], "attempts": attempts})
+    return _project_relative({**record, "command": [python, *record["command"][1:]]})
+
+
+def stopped_wall_s(stopped: dict) -> float:
+    """The wall time a stopped launch's attempts ran (`stopped_launch_record`'s, each given its end)."""
+    return sum(a["ended_ts"] - a["started_ts"] for a in stopped["attempts"])
 
 
 def stopped_date(stopped: dict) -> str:
-    """The date line of a first launch stopped before it finished (`stopped_launch_record`'s): when it began
-    and the wall time its attempts ran."""
-    wall = sum(a["ended_ts"] - a["started_ts"] for a in stopped["attempts"])
-    return f"{stopped['date']}; wall time {wall / 60:.1f} min so far; stopped before it finished"
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+    """The date line of a first launch stopped before it finished: when it began and how long it ran."""
+    return f"{stopped['date']}; wall time {stopped_wall_s(stopped) / 60:.1f} min so far; stopped before it finished"
 
 
 def write_meta(plan: Plan) -> Path | None:
@@ -142,7 +138,7 @@ def write_meta(plan: Plan) -> Path | None:
         meta = launch_record_relative(json.loads(src.read_text()))
     else:
         meta = {"command": stopped["invocation"], "date": stopped_date(stopped), "launch_command": stopped["command"],
-                "seeds": stopped["seeds"], "wall_time_s": sum(a["ended_ts"] - a["started_ts"] for a in stopped["attempts"])}
+                "seeds": stopped["seeds"], "wall_time_s": stopped_wall_s(stopped)}
     # runs_dir: where the runs CSV's paths point (the same display_path the CSV was written with).
     meta = {**meta, "runs_dir": display_path(plan.runs_dir), **({"stopped_launch": stopped} if stopped else {})}
     dest.write_text(json.dumps(meta, indent=2) + "\n")
